@@ -1,0 +1,198 @@
+"""The `specdeck` command. Every failure the user can cause ends in one clear line and a non-zero exit."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from . import __version__
+from .catalog import Catalog, load_catalog
+from .check import check_pair, render_models, result_json
+from .errors import DownloadError, SpecdeckError
+from .fetch import Fetched, Fetcher
+from .hardware import default_preset_reason, detect
+from .refs import ModelRef, Selection, select
+from .settings import hub_settings, paths
+
+console = Console(stderr=True, highlight=False)
+out = Console(highlight=False)
+
+
+def _catalog(args: argparse.Namespace) -> Catalog:
+    return load_catalog(Path(args.models) if args.models else None)
+
+
+def _default_preset(catalog: Catalog) -> str:
+    gpu, why = default_preset_reason(detect())
+    name = catalog.default_gpu_preset if gpu else catalog.default_cpu_preset
+    console.print(f"[dim]preset {name}: {why}[/]")
+    return name
+
+
+def _selection(args: argparse.Namespace, catalog: Catalog) -> Selection:
+    default = "" if (args.name or args.target) else _default_preset(catalog)
+    return select(catalog, args.name, args.target, args.draft, default)
+
+
+def _fetcher(args: argparse.Namespace) -> Fetcher:
+    return Fetcher(paths(), hub_settings(), console, offline=getattr(args, "offline", False),
+                   force_verify=getattr(args, "verify", False))
+
+
+# -- models ----------------------------------------------------------------------------------
+
+def cmd_models(args: argparse.Namespace) -> int:
+    catalog = _catalog(args)
+    fetcher = _fetcher(args)
+    table = Table(title=f"presets ({catalog.source})")
+    for col in ("preset", "target", "draft", "context", "for", "on disk"):
+        table.add_column(col)
+    for p in catalog.presets.values():
+        names = [p.target] + ([p.draft] if p.draft else [])
+        have = [fetcher.on_disk(catalog.models[n]) is not None for n in names]
+        status = "yes" if all(have) else ("partly" if any(have) else "no")
+        table.add_row(p.name, p.target, p.draft or "-", f"{p.context:,}", p.hardware, status)
+    out.print(table)
+    models = Table(title="models")
+    for col in ("model", "source", "size", "sha256", "on disk"):
+        models.add_column(col)
+    for m in catalog.models.values():
+        found = fetcher.on_disk(m)
+        src = m.repo or "mirror only"
+        if m.mirrors:
+            src += f" (+{len(m.mirrors)} mirror)"
+        models.add_row(m.name, src, f"{m.size / 2**30:.2f} GiB" if m.size else "?",
+                       (m.sha256[:12] + "…") if m.sha256 else "hub LFS", str(found[0]) if found else "-")
+    out.print(models)
+    return 0
+
+
+# -- pull ------------------------------------------------------------------------------------
+
+def _pull_one(fetcher: Fetcher, ref: ModelRef) -> Fetched:
+    if ref.path is not None:
+        return fetcher.local(ref.path)
+    assert ref.spec is not None
+    console.print(f"[bold]{ref.spec.name}[/]: {ref.spec.label}")
+    return fetcher.ensure(ref.spec)
+
+
+def cmd_pull(args: argparse.Namespace) -> int:
+    catalog = _catalog(args)
+    sel = _selection(args, catalog)
+    fetcher = _fetcher(args)
+    table = Table(title=f"pulled: {sel.name}")
+    for col in ("role", "file", "source", "sha256", "verified"):
+        table.add_column(col)
+    roles = [("target", sel.target)] + ([("draft", sel.draft)] if sel.draft else [])
+    for role, ref in roles:
+        got = _pull_one(fetcher, ref)
+        how = "hashed now" if got.hashed_now else "record (size, mtime, inode unchanged)"
+        table.add_row(role, str(got.path), got.source, got.sha256, how)
+    out.print(table)
+    return 0
+
+
+# -- check -----------------------------------------------------------------------------------
+
+def _local_path(fetcher: Fetcher, ref: ModelRef) -> Path:
+    """A file to inspect: the user's own path, or a verified copy of a catalogue model already pulled."""
+    if ref.path is not None:
+        if not ref.path.is_file():
+            raise SpecdeckError(f"{ref.path}: no such file")
+        return ref.path
+    assert ref.spec is not None
+    got = fetcher.existing(ref.spec)
+    if got is None:
+        raise DownloadError(f"{ref.spec.name} is not on disk", hint=f"run `specdeck pull {ref.spec.name}` first")
+    return got.path
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    catalog = _catalog(args)
+    sel = _selection(args, catalog)
+    fetcher = _fetcher(args)
+    target = _local_path(fetcher, sel.target)
+    draft = _local_path(fetcher, sel.draft) if sel.draft else None
+    result = check_pair(target, draft, probe=not args.no_probe)
+    if args.json:
+        out.print_json(json.dumps(result_json(result)))
+    else:
+        out.print(render_models(result))
+        for w in result.warnings:
+            out.print(f"[yellow]warning:[/] {w}")
+        if result.draft is None:
+            out.print("[green]target readable[/] (no draft)")
+        elif result.compatible:
+            out.print("[green]compatible:[/] the draft can serve the target (llama.cpp's rules)")
+        else:
+            bad = result.incompatibility
+            assert bad is not None
+            out.print(f"[red]incompatible[/] (rule {bad.rule}): {bad.message}")
+    return 0 if result.compatible else 2
+
+
+# -- wiring ----------------------------------------------------------------------------------
+
+def _add_selection(p: argparse.ArgumentParser) -> None:
+    p.add_argument("name", nargs="?", help="preset, catalogue model, or hf://owner/repo/file.gguf[@rev] (default: the preset for this machine)")
+    p.add_argument("--target", help="target model: catalogue name, hf:// URI or GGUF path")
+    p.add_argument("--draft", help="draft model: catalogue name, hf:// URI or GGUF path")
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, no usage dump
+        raise SpecdeckError(message, hint=f"see `{self.prog} --help`")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="specdeck", description="A 27B GGUF target + small draft, speculative decoding, one 24 GB GPU.")
+    parser.add_argument("--version", action="version", version=f"specdeck {__version__}")
+    parser.add_argument("--models", metavar="FILE", help="model catalogue (default: $SPECDECK_MODELS_FILE or the bundled models.toml)")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    p = sub.add_parser("models", help="list presets and models, and what is on disk")
+    p.set_defaults(func=cmd_models)
+
+    p = sub.add_parser("pull", help="download and verify a preset's models (or one model)")
+    _add_selection(p)
+    p.add_argument("--verify", action="store_true", help="re-hash every file even if it was verified before")
+    p.add_argument("--offline", action="store_true", help="use only what is on disk (as HF_HUB_OFFLINE=1)")
+    p.set_defaults(func=cmd_pull)
+
+    p = sub.add_parser("check", help="read both GGUF headers and decide whether the draft can serve the target")
+    _add_selection(p)
+    p.add_argument("--json", action="store_true", help="print the result as one JSON object")
+    p.add_argument("--no-probe", action="store_true", help="do not confirm implicit vocabulary settings with llama.cpp")
+    p.add_argument("--verify", action="store_true", help="re-hash catalogue files before checking")
+    p.set_defaults(func=cmd_check, offline=True)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+        return int(args.func(args))
+    except SpecdeckError as e:
+        console.print(f"[red]error:[/] {e.message}", soft_wrap=True)
+        if e.hint:
+            console.print(f"  {e.hint}", soft_wrap=True)
+        return e.exit_code
+    except KeyboardInterrupt:
+        console.print("interrupted")
+        return 130
+    except Exception as e:  # noqa: BLE001 - never a traceback for the user unless asked
+        if os.environ.get("SPECDECK_DEBUG") == "1":
+            raise
+        console.print(f"[red]internal error:[/] {type(e).__name__}: {e} (SPECDECK_DEBUG=1 shows the traceback)", soft_wrap=True)
+        return 70
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,35 @@
+"""Process-wide set-up of libllama: backend initialisation once, and its log routed to Python logging.
+
+Everything that touches llama.cpp goes through here first, so no module prints llama.cpp's log
+lines to the user's terminal unless asked (SPECDECK_LLAMA_LOG=1).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import threading
+
+import llama_cpp
+
+log = logging.getLogger("specdeck.llama")
+_lock = threading.Lock()
+_ready = False
+
+
+@llama_cpp.llama_log_callback
+def _on_log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
+    if os.environ.get("SPECDECK_LLAMA_LOG") == "1":
+        log.warning(text.decode("utf-8", errors="replace").rstrip())
+
+
+def init_llama() -> None:
+    """Initialise the llama.cpp backend once per process, with its log silenced."""
+    global _ready
+    with _lock:
+        if _ready:
+            return
+        llama_cpp.llama_log_set(_on_log, ctypes.c_void_p(0))
+        llama_cpp.llama_backend_init()
+        _ready = True
