@@ -36,8 +36,7 @@ def _default_preset(catalog: Catalog) -> str:
 
 
 def _selection(args: argparse.Namespace, catalog: Catalog) -> Selection:
-    default = "" if (args.name or args.target) else _default_preset(catalog)
-    return select(catalog, args.name, args.target, args.draft, default)
+    return select(catalog, args.name, args.target, args.draft, lambda: _default_preset(catalog))
 
 
 def _fetcher(args: argparse.Namespace) -> Fetcher:
@@ -87,15 +86,13 @@ def cmd_pull(args: argparse.Namespace) -> int:
     catalog = _catalog(args)
     sel = _selection(args, catalog)
     fetcher = _fetcher(args)
-    table = Table(title=f"pulled: {sel.name}")
-    for col in ("role", "file", "source", "sha256", "verified"):
-        table.add_column(col)
     roles = [("target", sel.target)] + ([("draft", sel.draft)] if sel.draft else [])
     for role, ref in roles:
         got = _pull_one(fetcher, ref)
-        how = "hashed now" if got.hashed_now else "record (size, mtime, inode unchanged)"
-        table.add_row(role, str(got.path), got.source, got.sha256, how)
-    out.print(table)
+        how = "hashed now" if got.hashed_now else "verified earlier; size, mtime and inode unchanged"
+        out.print(f"[green]ok[/] {role} {ref.label} ({got.source}, {how})", soft_wrap=True)
+        out.print(f"   sha256 {got.sha256}", soft_wrap=True)
+        out.print(f"   {got.path}", soft_wrap=True)
     return 0
 
 

@@ -127,16 +127,19 @@ class Fetcher:
         if spec.size and meta.size and meta.size != spec.size:
             raise DownloadError(f"{hf.label}: the hub now serves {meta.size:,} bytes, the catalogue says {spec.size:,}")
         size = spec.size or meta.size or 0
-        check_disk_space(self.hub.cache_dir, size)
+        partial = hub.partial_path(hf, self.hub, meta)
+        have = partial.stat().st_size if partial.exists() else 0
+        check_disk_space(self.hub.cache_dir, max(size - have, 0))
         with byte_progress(self.console) as progress:
-            path = hub.download(hf, self.hub, rich_tqdm_class(progress, f"hub  {spec.file}"))
-        expected = spec.sha256 or meta.sha256
+            partial = hub.download_partial(hf, self.hub, meta, rich_tqdm_class(progress, f"hub  {spec.file}"))
         try:
             with byte_task(self.console, f"verify {spec.file}", size) as bar:
-                digest, _ = verify_file(path, self.records, expected, spec.size or meta.size, True, bar.advance)
+                digest, _ = verify_file(partial, self.records, spec.sha256 or meta.sha256, spec.size or meta.size, True, bar.advance)
         except VerifyError:
-            self._discard(path, "hub cache")
+            partial.unlink(missing_ok=True)  # bad bytes never enter the cache
             raise
+        path = hub.install_in_cache(hf, self.hub, meta, partial)
+        self.records.record(path, digest)
         return Fetched(path, digest, "hub", True)
 
     def _from_mirror(self, spec: ModelSpec, index: int) -> Fetched:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -57,7 +58,9 @@ class Selection:
     context: int | None = None
 
 
-def select(catalog: Catalog, name: str | None, target: str | None, draft: str | None, default: str) -> Selection:
+def select(
+    catalog: Catalog, name: str | None, target: str | None, draft: str | None, default: Callable[[], str]
+) -> Selection:
     """Turn `NAME` or `--target/--draft` into a Selection. NAME may be a preset, a model or hf:// URI."""
     if name and (target or draft):
         raise CatalogError("give either a preset name or --target/--draft, not both")
@@ -65,7 +68,7 @@ def select(catalog: Catalog, name: str | None, target: str | None, draft: str | 
         return Selection("custom", resolve_ref(target, catalog), resolve_ref(draft, catalog) if draft else None)
     if draft:
         raise CatalogError("--draft needs --target")
-    name = name or default
+    name = name or default()
     if name in catalog.presets:
         p = catalog.presets[name]
         return Selection(

