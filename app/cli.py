@@ -16,9 +16,13 @@ from .catalog import Catalog, load_catalog
 from .check import check_pair, render_models, result_json
 from .errors import DownloadError, SpecdeckError
 from .fetch import Fetched, Fetcher
+from .gguf_info import read_model_info
 from .hardware import default_preset_reason, detect
+from .plan_view import render_plan
+from .planner import PlanRequest, make_plan
 from .refs import ModelRef, Selection, select
 from .settings import hub_settings, paths
+from .units import parse_size
 
 console = Console(stderr=True, highlight=False)
 out = Console(highlight=False)
@@ -135,6 +139,37 @@ def cmd_check(args: argparse.Namespace) -> int:
     return 0 if result.compatible else 2
 
 
+# -- plan ------------------------------------------------------------------------------------
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    catalog = _catalog(args)
+    sel = _selection(args, catalog)
+    fetcher = _fetcher(args)
+    target = read_model_info(_local_path(fetcher, sel.target))
+    draft = read_model_info(_local_path(fetcher, sel.draft)) if sel.draft else None
+    req = PlanRequest(
+        device=args.device,
+        vram=parse_size(args.vram) if args.vram else None,
+        ram=parse_size(args.ram) if args.ram else None,
+        ctx=args.ctx,
+        ctx_is_user_choice=args.ctx is not None,
+        cache_type_k=args.cache_type_k or args.cache_type,
+        cache_type_v=args.cache_type_v or args.cache_type,
+        n_gpu_layers=args.n_gpu_layers,
+        parallel=args.parallel,
+        draft_max=args.draft_max,
+        n_ubatch=args.ubatch,
+        reserve=parse_size(args.reserve) if args.reserve else None,
+        margin=parse_size(args.margin) if args.margin else None,
+    )
+    plan = make_plan(target, draft, req, detect(), sel.context)
+    if args.json:
+        out.print_json(json.dumps(plan.to_json()))
+    else:
+        out.print(render_plan(plan, sel.name))
+    return 0
+
+
 # -- wiring ----------------------------------------------------------------------------------
 
 def _add_selection(p: argparse.ArgumentParser) -> None:
@@ -169,6 +204,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-probe", action="store_true", help="do not confirm implicit vocabulary settings with llama.cpp")
     p.add_argument("--verify", action="store_true", help="re-hash catalogue files before checking")
     p.set_defaults(func=cmd_check, offline=True)
+
+    p = sub.add_parser("plan", help="size context, KV cache types, offload and slots to fit the memory budget")
+    _add_selection(p)
+    p.add_argument("--vram", help="the GPU's total memory, e.g. 24GiB (default: free memory read with pynvml)")
+    p.add_argument("--ram", help="host memory budget (default: available memory)")
+    p.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto", help="plan for the GPU or for host RAM")
+    p.add_argument("--ctx", type=int, help="context length (default: the preset's; shrunk to fit unless given)")
+    p.add_argument("--cache-type", help="K and V cache type (f16, q8_0, q4_0, ...)")
+    p.add_argument("--cache-type-k", help="K cache type")
+    p.add_argument("--cache-type-v", help="V cache type")
+    p.add_argument("--n-gpu-layers", type=int, help="target layers on the GPU (default: all that fit)")
+    p.add_argument("--parallel", type=int, help="concurrent slots")
+    p.add_argument("--draft-max", type=int, help="most tokens drafted per step")
+    p.add_argument("--ubatch", type=int, help="physical batch size (n_ubatch)")
+    p.add_argument("--reserve", help="runtime reserve (CUDA context, driver, display), e.g. 768MiB")
+    p.add_argument("--margin", help="safety margin, e.g. 512MiB")
+    p.add_argument("--json", action="store_true", help="print the plan as one JSON object")
+    p.set_defaults(func=cmd_plan, offline=True, verify=False)
     return parser
 
 

@@ -63,6 +63,7 @@ class ModelInfo:
 
     path: Path
     file_size: int
+    data_offset: int  # where tensor data starts
     architecture: str
     name: str | None
     file_type: str | None
@@ -223,6 +224,7 @@ def read_model_info(path: str | os.PathLike[str]) -> ModelInfo:
         return ModelInfo(
             path=path,
             file_size=file_size,
+            data_offset=header.data_offset,
             architecture=arch,
             name=meta.get("general.name"),
             file_type=_file_type_name(meta.get("general.file_type")),

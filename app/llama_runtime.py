@@ -10,18 +10,36 @@ import ctypes
 import logging
 import os
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import llama_cpp
 
 log = logging.getLogger("specdeck.llama")
 _lock = threading.Lock()
 _ready = False
+_captures: list[list[str]] = []
 
 
 @llama_cpp.llama_log_callback
 def _on_log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
+    line = text.decode("utf-8", errors="replace")
+    for sink in _captures:
+        sink.append(line)
     if os.environ.get("SPECDECK_LLAMA_LOG") == "1":
-        log.warning(text.decode("utf-8", errors="replace").rstrip())
+        log.warning(line.rstrip())
+
+
+@contextmanager
+def capture_llama_log() -> Iterator[list[str]]:
+    """Collect what llama.cpp logs inside the block (its buffer sizes, for example)."""
+    init_llama()
+    sink: list[str] = []
+    _captures.append(sink)
+    try:
+        yield sink
+    finally:
+        _captures.remove(sink)
 
 
 def init_llama() -> None:

@@ -1,0 +1,211 @@
+"""The planner's arithmetic: each memory term llama.cpp allocates, as a function of GGUF metadata.
+
+Every rule below is the vendored llama.cpp's (llama-cpp-python 0.3.36), read from its sources and
+held against its own buffer-size log lines by the tests:
+- context: n_ctx is padded to a multiple of 256; n_ubatch <= n_batch <= the requested n_ctx;
+  with a unified KV pool one stream holds all n_ctx cells for every sequence.
+- KV: per attention layer, cells x (row(type_k, kv_heads x k_len) + row(type_v, kv_heads x v_len));
+  a sliding-window layer holds pad256(min(n_ctx, window x n_seq + n_ubatch)) cells unless
+  swa_full; recurrent layers hold no KV.
+- recurrent state (F32): per recurrent layer (r + s) x max(1, n_seq) x (1 + n_rs_seq), with
+  r = (conv - 1) x (inner + 2 x groups x state) and s = state x inner; each rollback snapshot
+  (n_rs_seq) is a full copy.
+- weights: token_embd always stays in host memory; with the output on the GPU a tied embedding is
+  copied there too; layers go to the GPU from the last one down.
+- CPU repack: Q4_0, Q4_K, IQ4_NL 2-D matmul weights (not token_embd) with rows divisible by 8
+  get a second, repacked copy on x86 with AVX2.
+- compute: the scheduler keeps the largest of the prompt graphs: the logits phase
+  4·n_ubatch·(n_vocab + 3·n_embd), or a layer phase: with flash attention the f16 mask
+  2·n_kv·n_ubatch plus 4·n_ubatch·(3·n_ff + 2·n_embd); without it the f32 scores and mask
+  4·n_kv·n_ubatch·(n_head + 1) plus 4·n_ubatch·n_ff.
+- output: 4·n_vocab·rows, rows = the most logits rows asked for at once (at least n_seq).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+from .gguf_info import ModelInfo
+
+MiB = 1024 * 1024
+GiB = 1024 * MiB
+CTX_PAD = 256
+KV_TYPES = ("f16", "bf16", "q8_0", "q5_1", "q5_0", "q4_1", "q4_0", "iq4_nl", "f32")
+QUANT_KV = {"q8_0", "q5_1", "q5_0", "q4_1", "q4_0", "iq4_nl"}
+CUDA_FA_KV = {"f32", "f16", "bf16", "q8_0", "q5_1", "q5_0", "q4_1", "q4_0"}
+REPACKED = {"Q4_0", "Q4_K", "IQ4_NL"}
+
+
+def pad(x: int, n: int) -> int:
+    return (x + n - 1) // n * n
+
+
+def row_bytes(type_name: str, n: int) -> int:
+    block, size = GGML_QUANT_SIZES[GGMLQuantizationType[type_name.upper()]]
+    return n // block * size
+
+
+def kv_type_block(type_name: str) -> int:
+    return GGML_QUANT_SIZES[GGMLQuantizationType[type_name.upper()]][0]
+
+
+@dataclass(frozen=True)
+class ContextShape:
+    """The context llama.cpp will really create for one model."""
+
+    n_ctx: int  # after padding
+    n_batch: int
+    n_ubatch: int
+    n_seq: int
+    type_k: str
+    type_v: str
+    flash_attn: bool
+    swa_full: bool = False
+    n_rs_seq: int = 0
+    n_outputs: int = 1  # most logits rows per sequence asked for at once
+
+
+def context_shape(
+    n_ctx: int, n_seq: int, type_k: str, type_v: str, n_batch: int = 2048, n_ubatch: int = 512,
+    flash_attn: bool = True, swa_full: bool = False, n_rs_seq: int = 0, n_outputs: int = 1,
+) -> ContextShape:
+    """llama.cpp's adjustments to a requested context (unified KV pool)."""
+    batch = min(n_ctx, n_batch)
+    return ContextShape(pad(n_ctx, CTX_PAD), batch, min(batch, n_ubatch), max(1, n_seq), type_k, type_v,
+                        flash_attn, swa_full, n_rs_seq, n_outputs)
+
+
+# -- KV cache and recurrent state --------------------------------------------------------------
+
+def kv_cells(info: ModelInfo, layer: int, cs: ContextShape) -> int:
+    if info.swa_layers[layer] and not cs.swa_full and info.sliding_window:
+        return pad(min(cs.n_ctx, int(info.sliding_window) * cs.n_seq + cs.n_ubatch), CTX_PAD)
+    return cs.n_ctx
+
+
+def kv_bytes(info: ModelInfo, cs: ContextShape) -> int:
+    """Target or draft KV cache: K and V for every attention layer."""
+    total = 0
+    for il in range(info.n_layers):
+        heads = info.n_head_kv[il]
+        if not heads:
+            continue
+        per_cell = row_bytes(cs.type_k, heads * info.key_length) + row_bytes(cs.type_v, heads * info.value_length)
+        total += per_cell * kv_cells(info, il, cs)
+    return total
+
+
+def recurrent_state_bytes(info: ModelInfo, cs: ContextShape) -> int:
+    """Recurrent (SSM / Gated DeltaNet) state, with one full copy per rollback snapshot."""
+    if not info.n_recurrent_layers:
+        return 0
+    conv, state = info.ssm.get("conv_kernel", 0), info.ssm.get("state_size", 0)
+    inner, groups = info.ssm.get("inner_size", 0), info.ssm.get("group_count", 0)
+    r = max(conv - 1, 0) * (inner + 2 * groups * state)
+    s = state * inner
+    return 4 * (r + s) * cs.n_seq * (1 + cs.n_rs_seq) * info.n_recurrent_layers
+
+
+def kv_incompatibility(info: ModelInfo, type_k: str, type_v: str, flash_attn: bool, device: str) -> str | None:
+    """Why llama.cpp would refuse these cache types for this model, or None."""
+    for t, dim, what in ((type_k, info.key_length, "K"), (type_v, info.value_length, "V")):
+        if t not in KV_TYPES:
+            return f"unknown cache type '{t}' (one of {', '.join(KV_TYPES)})"
+        if t in QUANT_KV and dim % kv_type_block(t):
+            return f"{what} head size {dim} is not a multiple of {t}'s block of {kv_type_block(t)}"
+    if type_v in QUANT_KV and not flash_attn:
+        return "a quantized V cache needs flash attention"
+    if device == "cuda" and flash_attn and (type_k not in CUDA_FA_KV or type_v not in CUDA_FA_KV):
+        return f"CUDA flash attention supports K/V types {', '.join(sorted(CUDA_FA_KV))}"
+    return None
+
+
+# -- weights ----------------------------------------------------------------------------------
+
+def _layer_of(name: str) -> int | None:
+    if name.startswith("blk."):
+        return int(name.split(".")[1])
+    return None
+
+
+def data_bytes(info: ModelInfo) -> int:
+    """The weights as llama.cpp maps them: the tensor table's sum.
+
+    A stand-in file (header plus a hole up to the real file's size) may be larger than its table:
+    the unexplained bytes count as weights too, so a plan built on it never comes out short.
+    """
+    return max(info.tensor_bytes, info.file_size - info.data_offset)
+
+
+def _unexplained(info: ModelInfo) -> int:
+    return data_bytes(info) - info.tensor_bytes
+
+
+def _first_gpu_layer(info: ModelInfo, n_gpu_layers: int) -> int:
+    """llama.cpp offloads the output layer first, then the last n_gpu_layers - 1 layers."""
+    if n_gpu_layers <= 0:
+        return info.n_layers
+    return info.n_layers - min(n_gpu_layers - 1, info.n_layers)
+
+
+def weight_placement(info: ModelInfo, n_gpu_layers: int) -> tuple[int, int]:
+    """(bytes on the GPU, bytes in host memory) of the weights with `n_gpu_layers` offloaded."""
+    first = _first_gpu_layer(info, n_gpu_layers)
+    output_on_gpu = n_gpu_layers >= 1
+    tied = not any(t.name == "output.weight" for t in info.tensors)
+    gpu = host = 0
+    for t in info.tensors:
+        layer = _layer_of(t.name)
+        if layer is not None:
+            on_gpu = layer >= first
+        elif t.name == "token_embd.weight":
+            on_gpu = False  # the input embedding always stays on the host ...
+            if tied and output_on_gpu:
+                gpu += t.n_bytes  # ... and a tied one is copied to the GPU for the output
+        else:
+            on_gpu = output_on_gpu
+        if on_gpu:
+            gpu += t.n_bytes
+        else:
+            host += t.n_bytes
+    extra = _unexplained(info)  # attributed to the GPU share of the layers, to err on the safe side
+    if extra:
+        share = (info.n_layers - first) / info.n_layers if info.n_layers else 0.0
+        gpu += int(extra * share)
+        host += extra - int(extra * share)
+    return gpu, host
+
+
+def cpu_repack_bytes(info: ModelInfo, n_gpu_layers: int = 0) -> int:
+    """The repacked copy x86 CPUs with AVX2 keep of Q4_0 / Q4_K / IQ4_NL matmul weights run on the CPU."""
+    first = _first_gpu_layer(info, n_gpu_layers)
+    output_on_gpu = n_gpu_layers >= 1
+    total = 0
+    for t in info.tensors:
+        if t.type not in REPACKED or len(t.shape) != 2 or t.shape[1] % 8 or t.name == "token_embd.weight":
+            continue
+        layer = _layer_of(t.name)
+        if (layer is not None and layer < first) or (layer is None and not output_on_gpu):
+            total += t.n_bytes
+    return total
+
+
+# -- buffers ----------------------------------------------------------------------------------
+
+def compute_bytes(info: ModelInfo, cs: ContextShape) -> int:
+    """Estimate of the scheduler's compute buffer: the larger of the logits and the layer phase."""
+    ub, n_vocab, n_embd = cs.n_ubatch, info.vocab.size, info.n_embd
+    n_ff = info.n_ff or 4 * n_embd
+    logits = 4 * ub * (n_vocab + 3 * n_embd)
+    n_kv = cs.n_ctx
+    if cs.flash_attn:
+        layer = 2 * n_kv * ub + 4 * ub * (3 * n_ff + 2 * n_embd)
+    else:
+        layer = 4 * n_kv * ub * (info.n_head + 1) + 4 * ub * n_ff
+    return max(logits, layer)
+
+
+def output_bytes(info: ModelInfo, cs: ContextShape) -> int:
+    return 4 * info.vocab.size * cs.n_seq * max(1, cs.n_outputs)

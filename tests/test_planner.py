@@ -1,0 +1,186 @@
+"""The planner's arithmetic against llama.cpp's own allocations, and the search on 27B stand-ins."""
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from app import memory_terms as M
+from app.gguf_info import read_model_info
+from app.hardware import Gpu, Hardware
+from app.llama_measure import measure
+from app.planner import PlanError, PlanRequest, make_plan
+from app.synthetic import SHAPES, write_sparse
+
+GiB = 1024**3
+NO_GPU = Hardware(gpus=(), ram_total=24 * GiB, ram_available=20 * GiB, cpu_count=2)
+# The real files' sizes (MODELS-27B.md): the stand-ins are sparse files of exactly this size.
+TRUE_SIZES = {"qwen3.6-27b": 16_817_244_384, "qwen3.5-0.8b": 532_517_120,
+              "gemma3-27b": 17_229_630_496, "gemma3-270m": 241_410_624}
+
+
+def close(pred: int, got: int, tol: float) -> bool:
+    return abs(pred - got) <= tol * got
+
+
+CASES = [  # (n_ctx, n_ubatch, n_seq, type_k, type_v, flash_attn)
+    (2000, 512, 1, "f16", "f16", True),
+    (30000, 256, 2, "q8_0", "q8_0", True),
+    (8192, 512, 1, "f16", "f16", False),
+    (5000, 128, 3, "q4_0", "q4_0", True),
+    (12000, 256, 1, "q8_0", "f16", True),
+]
+
+
+def _models(tiny, real_pair, gemma_270m):
+    return {"tiny": tiny.target, "qwen-1.5b": real_pair.target, "qwen-0.5b": real_pair.draft, "gemma-270m": gemma_270m}
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"ctx{c[0]}-ub{c[1]}-seq{c[2]}-{c[3]}-{c[4]}-fa{int(c[5])}")
+def test_terms_match_llama_cpp_allocations(case, tiny, real_pair, gemma_270m):
+    """Weights and KV within 3%, compute within 10%, of what llama.cpp allocates (CPU, unified KV)."""
+    ctx, ub, seq, tk, tv, fa = case
+    checked = 0
+    for name, path in _models(tiny, real_pair, gemma_270m).items():
+        info = read_model_info(path)
+        if M.kv_incompatibility(info, tk, tv, fa, "cpu") or ctx > info.context_length:
+            continue  # llama.cpp refuses these (tiny's 16-wide heads cannot hold q8_0 blocks)
+        got = measure(path, ctx, tk, tv, n_ubatch=ub, n_seq_max=seq, flash_attn=fa)
+        cs = M.context_shape(ctx, seq, tk, tv, n_ubatch=ub, flash_attn=fa)
+        _, host = M.weight_placement(info, 0)
+        assert close(host, got.get("model", "CPU_Mapped"), 0.03), name
+        assert close(M.cpu_repack_bytes(info), got.get("model", "CPU_REPACK"), 0.03), name
+        assert close(M.kv_bytes(info, cs), got.total("KV"), 0.03), name
+        assert close(M.compute_bytes(info, cs), got.total("compute"), 0.10), name
+        if got.total("output") > 0.01 * M.MiB:
+            assert close(M.output_bytes(info, cs), got.total("output"), 0.03), name
+        checked += 1
+    assert checked >= 3
+
+
+@pytest.fixture(scope="session")
+def standins(tmp_path_factory):
+    d = tmp_path_factory.mktemp("standins")
+    return {k: write_sparse(d / f"{k}.gguf", SHAPES[k], TRUE_SIZES[k]) for k in SHAPES}
+
+
+@pytest.mark.parametrize("name, ctx, seq, rs", [("qwen3.6-27b", 110_000, 1, 8), ("qwen3.6-27b", 8192, 2, 4),
+                                                ("qwen3.5-0.8b", 110_000, 2, 8), ("gemma3-27b", 110_000, 1, 0),
+                                                ("gemma3-270m", 65_536, 4, 0)])
+def test_standins_against_llama_cpp_dry_run(standins, name, ctx, seq, rs):
+    """llama.cpp loads the 27B-shaped headers with no_alloc: recurrent state, output and compute agree."""
+    path = standins[name]
+    info = read_model_info(path)
+    got = measure(path, ctx, "q8_0", "q8_0", n_seq_max=seq, n_rs_seq=rs, no_alloc=True)
+    cs = M.context_shape(ctx, seq, "q8_0", "q8_0", n_rs_seq=rs)
+    assert close(M.recurrent_state_bytes(info, cs), got.total("RS"), 0.03) or not info.n_recurrent_layers
+    assert close(M.output_bytes(info, cs), got.total("output"), 0.03)
+    assert close(M.compute_bytes(info, cs), got.total("compute"), 0.10)
+
+
+def test_standins_have_the_published_shapes(standins):
+    q = read_model_info(standins["qwen3.6-27b"])
+    assert (q.n_layers, q.n_attention_layers, q.n_recurrent_layers, len(q.tensors)) == (64, 16, 48, 851)
+    assert q.file_size == TRUE_SIZES["qwen3.6-27b"] and q.vocab.size == 248_320
+    g = read_model_info(standins["gemma3-27b"])
+    assert (g.n_layers, g.n_swa_layers, g.sliding_window) == (62, 52, 1024)
+    assert abs(g.tensor_bytes - TRUE_SIZES["gemma3-27b"]) / TRUE_SIZES["gemma3-27b"] < 0.001
+
+
+@dataclass
+class Pair:
+    target: object
+    draft: object
+
+
+@pytest.fixture(scope="session")
+def infos(standins):
+    return {k: read_model_info(p) for k, p in standins.items()}
+
+
+PAIRS = [("qwen3.6-27b", "qwen3.5-0.8b"), ("gemma3-27b", "gemma3-270m")]
+
+
+@pytest.mark.parametrize("target, draft", PAIRS)
+def test_27b_presets_fit_24gib_at_110k(infos, target, draft):
+    req = PlanRequest(vram=24 * GiB, ctx=110_000, ctx_is_user_choice=True)
+    plan = make_plan(infos[target], infos[draft], req, NO_GPU, 110_000)
+    assert plan.fits and plan.ctx == 110_000 and plan.target.n_gpu_layers == infos[target].n_layers + 1
+    assert plan.used <= plan.budget and plan.headroom >= 0
+    names = {t.name for t in plan.terms}
+    assert {"target weights", "draft weights", "target KV cache", "draft KV cache", "target compute buffer",
+            "runtime reserve", "safety margin"} <= names
+    margin = next(t.bytes for t in plan.terms if t.name == "safety margin")
+    assert margin >= 256 * 1024**2
+    assert plan.target.kv_unified and plan.draft.n_ctx == plan.target.n_ctx
+
+
+def test_hybrid_plan_reserves_rollback_snapshots(infos):
+    plan = make_plan(infos["qwen3.6-27b"], infos["qwen3.5-0.8b"], PlanRequest(vram=24 * GiB), NO_GPU, 110_000)
+    rs = next(t for t in plan.terms if t.name == "target recurrent state")
+    assert plan.target.n_rs_seq == plan.draft_max > 0
+    per_copy = 149.6 * 1024**2 * 1.0  # 48 layers: R 5.62 + S 144.00 MiB, as llama.cpp logs it
+    assert abs(rs.bytes - per_copy * plan.parallel * (1 + plan.draft_max)) < 0.01 * rs.bytes
+
+
+def test_never_a_plan_that_overflows(infos):
+    """Over many budgets and contexts, a returned plan always fits; otherwise it is a clear error."""
+    for vram_gib in (12, 16, 18, 20, 22, 24, 32, 48):
+        for ctx in (4096, 32768, 65536, 110_000, 131_072):
+            for t, d in PAIRS:
+                req = PlanRequest(vram=vram_gib * GiB, ctx=ctx, ctx_is_user_choice=True)
+                try:
+                    plan = make_plan(infos[t], infos[d], req, NO_GPU, ctx)
+                except PlanError as e:
+                    assert "nothing fits" in e.message or "trained length" in e.message
+                    continue
+                assert plan.used <= plan.budget, (vram_gib, ctx, t)
+
+
+def test_budget_too_small_says_largest_context(infos):
+    with pytest.raises(PlanError) as e:
+        make_plan(infos["gemma3-27b"], infos["gemma3-270m"], PlanRequest(vram=20 * GiB, ctx=131_072, ctx_is_user_choice=True,
+                  n_gpu_layers=63), NO_GPU, None)
+    assert "largest context that fits is" in e.value.message and "GiB" in e.value.message
+    with pytest.raises(PlanError, match="even the weights do not fit"):
+        make_plan(infos["qwen3.6-27b"], None, PlanRequest(vram=8 * GiB, n_gpu_layers=65), NO_GPU, 4096)
+
+
+def test_preset_context_shrinks_when_not_asked(infos):
+    plan = make_plan(infos["gemma3-27b"], infos["gemma3-270m"], PlanRequest(vram=19 * GiB), NO_GPU, 110_000)
+    assert plan.ctx < 110_000 and plan.ctx % 256 == 0 and any("aims for" in w for w in plan.warnings)
+
+
+def test_user_context_kept_by_partial_offload(infos):
+    plan = make_plan(infos["qwen3.6-27b"], infos["qwen3.5-0.8b"],
+                     PlanRequest(vram=20 * GiB, ctx=110_000, ctx_is_user_choice=True), NO_GPU, None)
+    assert plan.ctx == 110_000 and plan.target.n_gpu_layers <= 64
+    assert any("target layers fit on the GPU" in w for w in plan.warnings)
+
+
+def test_overrides_are_inputs(infos):
+    plan = make_plan(infos["qwen3.6-27b"], infos["qwen3.5-0.8b"],
+                     PlanRequest(vram=24 * GiB, ctx=32768, cache_type_k="q4_0", cache_type_v="q4_0", parallel=1,
+                                 draft_max=2, ctx_is_user_choice=True), NO_GPU, None)
+    assert (plan.target.type_k, plan.target.type_v, plan.parallel, plan.draft_max) == ("q4_0", "q4_0", 1, 2)
+    with pytest.raises(PlanError, match="unknown cache type"):
+        make_plan(infos["qwen3.6-27b"], None, PlanRequest(vram=24 * GiB, cache_type_k="q3"), NO_GPU, 4096)
+    with pytest.raises(PlanError, match="trained length"):
+        make_plan(infos["gemma3-270m"], None, PlanRequest(vram=24 * GiB, ctx=200_000), NO_GPU, None)
+
+
+def test_free_vram_from_pynvml_when_no_budget_given(infos):
+    hw = Hardware(gpus=(Gpu(0, "RTX 4090", 24 * GiB, 23 * GiB, 0),), ram_total=64 * GiB, ram_available=60 * GiB, cpu_count=8)
+    plan = make_plan(infos["qwen3.6-27b"], infos["qwen3.5-0.8b"], PlanRequest(), hw, 110_000)
+    assert plan.budget == 23 * GiB and "pynvml" in plan.budget_source
+    with pytest.raises(PlanError, match="no NVIDIA GPU"):
+        make_plan(infos["qwen3.6-27b"], None, PlanRequest(device="cuda"), NO_GPU, 4096)
+
+
+def test_cpu_pair_planned_in_ram(real_pair):
+    t, d = read_model_info(real_pair.target), read_model_info(real_pair.draft)
+    plan = make_plan(t, d, PlanRequest(ram=8 * GiB), NO_GPU, 32_768)
+    assert plan.device == "cpu" and plan.fits and plan.ctx == 32_768
+    assert any(x.name == "target CPU repack copy" and x.bytes > 0 for x in plan.terms)
+    with pytest.raises(PlanError, match="nothing fits"):
+        make_plan(t, d, PlanRequest(ram=2 * GiB, ctx=32768, ctx_is_user_choice=True), NO_GPU, None)
