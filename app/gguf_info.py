@@ -55,6 +55,7 @@ class TensorInfo:
     shape: tuple[int, ...]
     n_elements: int
     n_bytes: int
+    offset: int = 0  # within the data section
 
 
 @dataclass(frozen=True)
@@ -189,7 +190,7 @@ def _tensors(header: RawHeader) -> tuple[TensorInfo, ...]:
     out = []
     for t in header.tensors:
         type_name = GGMLQuantizationType(t.type).name
-        out.append(TensorInfo(t.name, type_name, t.dims, t.n_elements, t.n_bytes))
+        out.append(TensorInfo(t.name, type_name, t.dims, t.n_elements, t.n_bytes, t.offset))
     return tuple(out)
 
 

@@ -12,12 +12,12 @@ held against its own buffer-size log lines by the tests:
   (n_rs_seq) is a full copy.
 - weights: token_embd always stays in host memory; with the output on the GPU a tied embedding is
   copied there too; layers go to the GPU from the last one down.
-- CPU repack: Q4_0, Q4_K, IQ4_NL 2-D matmul weights (not token_embd) with rows divisible by 8
-  get a second, repacked copy on x86 with AVX2.
+- CPU repack: Q4_0, Q4_K, IQ4_NL 2-D matmul weights with rows divisible by 8 get a second,
+  repacked copy on x86 with AVX2 (token_embd only as the output copy of a tied embedding).
 - compute: the scheduler keeps the largest of the prompt graphs: the logits phase
   4·n_ubatch·(n_vocab + 3·n_embd), or a layer phase: with flash attention the f16 mask
   2·n_kv·n_ubatch plus 4·n_ubatch·(3·n_ff + 2·n_embd); without it the f32 scores and mask
-  4·n_kv·n_ubatch·(n_head + 1) plus 4·n_ubatch·n_ff.
+  4·n_kv·n_ubatch·(n_head + 1) plus 4·n_ubatch·n_ff; or a recurrent layer's phase (below).
 - output: 4·n_vocab·rows, rows = the most logits rows asked for at once (at least n_seq).
 """
 
@@ -178,13 +178,28 @@ def weight_placement(info: ModelInfo, n_gpu_layers: int) -> tuple[int, int]:
     return gpu, host
 
 
+def _repackable(t) -> bool:
+    return t.type in REPACKED and len(t.shape) == 2 and not t.shape[1] % 8
+
+
+def mapped_report_bytes(info: ModelInfo) -> int:
+    """What llama.cpp's log calls the CPU_Mapped buffer on a CPU-only load: the file span from the
+    first to the last tensor that is not moved to the repack buffer (the plan counts every tensor)."""
+    kept = [t for t in info.tensors if t.name == "token_embd.weight" or not _repackable(t)]
+    return max(t.offset + t.n_bytes for t in kept) - min(t.offset for t in kept) if kept else 0
+
+
 def cpu_repack_bytes(info: ModelInfo, n_gpu_layers: int = 0) -> int:
     """The repacked copy x86 CPUs with AVX2 keep of Q4_0 / Q4_K / IQ4_NL matmul weights run on the CPU."""
     first = _first_gpu_layer(info, n_gpu_layers)
     output_on_gpu = n_gpu_layers >= 1
+    tied = not any(t.name == "output.weight" for t in info.tensors)
     total = 0
     for t in info.tensors:
-        if t.type not in REPACKED or len(t.shape) != 2 or t.shape[1] % 8 or t.name == "token_embd.weight":
+        if not _repackable(t):
+            continue
+        if t.name == "token_embd.weight":  # never repacked as the input; a tied output copy on the CPU is
+            total += t.n_bytes if tied and not output_on_gpu else 0
             continue
         layer = _layer_of(t.name)
         if (layer is not None and layer < first) or (layer is None and not output_on_gpu):
@@ -200,11 +215,27 @@ def compute_bytes(info: ModelInfo, cs: ContextShape) -> int:
     n_ff = info.n_ff or 4 * n_embd
     logits = 4 * ub * (n_vocab + 3 * n_embd)
     n_kv = cs.n_ctx
+    mask = 2 * n_kv * ub if cs.flash_attn else 4 * n_kv * ub
+    if info.n_swa_layers:  # sliding-window layers have a mask of their own
+        swa_cells = next(kv_cells(info, il, cs) for il in range(info.n_layers) if info.swa_layers[il])
+        mask += (2 if cs.flash_attn else 4) * swa_cells * ub
     if cs.flash_attn:
-        layer = 2 * n_kv * ub + 4 * ub * (3 * n_ff + 2 * n_embd)
+        layer = mask + 4 * ub * (3 * n_ff + 3 * n_embd)
     else:
-        layer = 4 * n_kv * ub * (info.n_head + 1) + 4 * ub * n_ff
-    return max(logits, layer)
+        layer = 4 * n_kv * ub * info.n_head + mask + 4 * ub * n_ff
+    return max(logits, layer, _recurrent_phase(info, cs, mask))
+
+
+def _recurrent_phase(info: ModelInfo, cs: ContextShape, mask: int) -> int:
+    """A recurrent layer's working set: 3 x (n_embd + conv channels) floats per token, plus the
+    per-sequence state copies the graph keeps when rollback snapshots are on (fitted to llama.cpp's
+    qwen35 graphs at several shapes; over-estimates a little where the allocator finds room to reuse)."""
+    if not info.n_recurrent_layers:
+        return 0
+    state, inner, groups = info.ssm.get("state_size", 0), info.ssm.get("inner_size", 0), info.ssm.get("group_count", 0)
+    conv_dim = 2 * groups * state + inner
+    snapshots = 4 * state * inner * cs.n_seq * (cs.n_rs_seq + 3) if cs.n_rs_seq else 0
+    return mask + 4 * cs.n_ubatch * 3 * (info.n_embd + conv_dim) + snapshots
 
 
 def output_bytes(info: ModelInfo, cs: ContextShape) -> int:

@@ -65,11 +65,6 @@ class Shape:
     def is_recurrent(self, il: int) -> bool:
         return bool(self.full_attention_interval) and (il + 1) % self.full_attention_interval != 0
 
-    def scaled(self, n_layer: int, n_embd: int, n_ff: int, n_vocab: int, context_length: int = 4096) -> Shape:
-        """The same architecture at a small size (for CPU dry runs)."""
-        return replace(self, n_layer=n_layer, n_embd=n_embd, n_ff=n_ff, n_vocab=n_vocab,
-                       context_length=context_length, name=self.name + "-small")
-
 
 SHAPES = {
     "qwen3.6-27b": Shape(
@@ -196,8 +191,7 @@ def _add_metadata(w: GGUFWriter, s: Shape) -> None:
     w.add_add_bos_token(s.add_bos)
 
 
-def write_sparse(path: Path, s: Shape, file_size: int | None = None) -> Path:
-    """Header and tensor table of `s`, then a hole: as big as the data needs, or `file_size`."""
+def _start(path: Path, s: Shape) -> GGUFWriter:
     w = GGUFWriter(str(path), s.arch)
     _add_metadata(w, s)
     for name, dims, t in tensor_table(s):
@@ -205,7 +199,12 @@ def write_sparse(path: Path, s: Shape, file_size: int | None = None) -> Path:
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
-    w.close()
+    return w
+
+
+def write_sparse(path: Path, s: Shape, file_size: int | None = None) -> Path:
+    """Header and tensor table of `s`, then a hole: as big as the data needs, or `file_size`."""
+    _start(path, s).close()
     from .gguf_header import read_header
 
     h = read_header(path)
@@ -213,3 +212,56 @@ def write_sparse(path: Path, s: Shape, file_size: int | None = None) -> Path:
     with open(path, "r+b") as f:
         f.truncate(max(need, file_size or 0))
     return path
+
+
+# Byte offsets of the f16 scale fields inside one block, per quantization type. Random bytes
+# elsewhere are valid quants; the scales are set small so activations stay finite.
+_SCALE_FIELDS = {T.Q4_0: (0,), T.Q8_0: (0,), T.Q4_K: (0, 2), T.Q6_K: (208,)}
+
+
+class _RandomBytes:
+    """Cheap pseudo-random weights: one random buffer, reused (timings do not care)."""
+
+    def __init__(self, seed: int, size: int = 64 * 2**20) -> None:
+        self.buf = np.random.default_rng(seed).integers(0, 256, size, dtype=np.uint8)
+
+    def take(self, n: int, offset: int) -> np.ndarray:
+        reps = -(-(n + offset) // len(self.buf))
+        src = self.buf if reps == 1 else np.tile(self.buf, reps)
+        return src[offset : offset + n].copy()
+
+
+def _tensor_data(name: str, dims: tuple[int, ...], t: T, rnd: _RandomBytes, rng: np.random.Generator) -> np.ndarray:
+    n = int(np.prod(dims))
+    if t in (T.F32, T.F16):
+        dtype = np.float32 if t == T.F32 else np.float16
+        if name.endswith("norm.weight") or name.endswith("ssm_a"):
+            return np.ones(n, dtype=dtype) * (-1 if name.endswith("ssm_a") else 1)
+        return (rng.standard_normal(n) * 0.02).astype(dtype)
+    block, size = GGML_QUANT_SIZES[t]
+    n_blocks = n // block
+    data = rnd.take(n_blocks * size, int(rng.integers(0, 1 << 20))).reshape(n_blocks, size)
+    scale = np.frombuffer(np.float16(0.002).tobytes(), dtype=np.uint8)
+    for off in _SCALE_FIELDS[t]:
+        data[:, off : off + 2] = scale
+    return data.reshape(-1)
+
+
+def write_random(path: Path, s: Shape, seed: int = 0) -> Path:
+    """A loadable model of shape `s` with random weights (for speed measurements, not for text)."""
+    w = _start(path, s)
+    rnd, rng = _RandomBytes(seed), np.random.default_rng(seed)
+    for name, dims, t in tensor_table(s):
+        w.write_tensor_data(_tensor_data(name, dims, t, rnd, rng))
+    w.close()
+    return path
+
+
+def small(s: Shape, n_vocab: int = 4096) -> Shape:
+    """The architecture of `s` at a size a CPU runs in seconds (same layer pattern and head sizes)."""
+    if s.arch == "qwen35":
+        return replace(s, name=s.name + "-small", n_layer=8, n_embd=512, n_ff=1024, n_head=4, n_head_kv=2,
+                       n_vocab=n_vocab, context_length=16384, ssm_groups=4, ssm_dt_rank=8, ssm_inner=1024,
+                       bos=n_vocab - 2, eos=n_vocab - 1)
+    return replace(s, name=s.name + "-small", n_layer=12, n_embd=512, n_ff=1024, n_head=4, n_head_kv=2,
+                   n_vocab=n_vocab, context_length=16384, sliding_window=min(s.sliding_window, 256))

@@ -48,7 +48,8 @@ def test_terms_match_llama_cpp_allocations(case, tiny, real_pair, gemma_270m):
         got = measure(path, ctx, tk, tv, n_ubatch=ub, n_seq_max=seq, flash_attn=fa)
         cs = M.context_shape(ctx, seq, tk, tv, n_ubatch=ub, flash_attn=fa)
         _, host = M.weight_placement(info, 0)
-        assert close(host, got.get("model", "CPU_Mapped"), 0.03), name
+        assert host == M.data_bytes(info) and close(host, got.get("model", "CPU_Mapped"), 0.03), name
+        assert close(M.mapped_report_bytes(info), got.get("model", "CPU_Mapped"), 0.03), name
         assert close(M.cpu_repack_bytes(info), got.get("model", "CPU_REPACK"), 0.03), name
         assert close(M.kv_bytes(info, cs), got.total("KV"), 0.03), name
         assert close(M.compute_bytes(info, cs), got.total("compute"), 0.10), name

@@ -1,0 +1,56 @@
+#!/usr/bin/env python3
+"""Plan both 27B presets for a 24 GiB card from stand-ins of their files (real headers and tensor
+tables, no tensor data; see app/synthetic.py for what is assumed), as the README shows them.
+
+    python scripts/plan_standins.py [--vram 24GiB] [--ctx 110000] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from rich.console import Console  # noqa: E402
+
+from app.gguf_info import read_model_info  # noqa: E402
+from app.hardware import detect  # noqa: E402
+from app.plan_view import render_plan  # noqa: E402
+from app.planner import PlanRequest, make_plan  # noqa: E402
+from app.synthetic import ASSUMED, SHAPES, write_sparse  # noqa: E402
+from app.units import parse_size  # noqa: E402
+
+TRUE_SIZES = {"qwen3.6-27b": 16_817_244_384, "qwen3.5-0.8b": 532_517_120,
+              "gemma3-27b": 17_229_630_496, "gemma3-270m": 241_410_624}
+PRESETS = {"qwen3.6-27b": ("qwen3.6-27b", "qwen3.5-0.8b"), "gemma3-27b": ("gemma3-27b", "gemma3-270m")}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--vram", default="24GiB")
+    ap.add_argument("--ctx", type=int, default=110_000)
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    console = Console(width=110)
+    out = {}
+    with tempfile.TemporaryDirectory() as d:
+        for preset, (t, dr) in PRESETS.items():
+            paths = [write_sparse(Path(d) / f"{n}.gguf", SHAPES[n], TRUE_SIZES[n]) for n in (t, dr)]
+            infos = [read_model_info(p) for p in paths]
+            req = PlanRequest(vram=parse_size(args.vram), ctx=args.ctx, ctx_is_user_choice=True)
+            plan = make_plan(infos[0], infos[1], req, detect(), args.ctx)
+            out[preset] = plan.to_json()
+            if not args.json:
+                console.print(render_plan(plan, preset))
+                console.print("assumed: " + "; ".join(ASSUMED[t] + ASSUMED[dr]) + "\n", markup=False)
+    if args.json:
+        print(json.dumps(out, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

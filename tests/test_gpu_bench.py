@@ -1,0 +1,34 @@
+"""The GPU script's CPU dry run: the 27B presets' architectures at a small shape, planned and loaded."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT
+
+
+@pytest.mark.parametrize("preset", ["qwen3.6-27b", "gemma3-27b"])
+def test_dry_run_memory_matches_plan_and_times_are_measured(preset, tmp_path):
+    p = subprocess.run(
+        [sys.executable, "scripts/gpu_bench.py", "--dry-run", "--preset", preset, "--reps", "2",
+         "--workdir", str(tmp_path / "w"), "--out", str(tmp_path / "out")],
+        cwd=ROOT, capture_output=True, text=True, timeout=600,
+    )
+    assert p.returncode == 0, p.stderr[-2000:]
+    r = json.loads((tmp_path / "out" / "gpu_bench.json").read_text())
+    assert r["plan"]["fits"] and r["plan"]["ctx"] == 8192
+    terms = {(row["model"], row["term"]): row for row in r["memory"]}
+    for (model, term), row in terms.items():
+        tol = 0.10 if term == "compute buffer" else 0.03
+        assert row["measured"] > 0, (model, term)
+        assert abs(row["planned"] - row["measured"]) <= tol * row["measured"], (model, term, row)
+    if preset == "qwen3.6-27b":
+        assert ("target", "recurrent state") in terms and ("draft", "recurrent state") in terms
+    for phase in ("short_ctx", "long_ctx"):
+        c = r[phase]
+        assert c["c_draft_s"] > 0 and all(v > 0 for v in c["c_verify_s"].values()) and len(c["c_verify_s"]) == 16
+        proj = c["projection"]
+        assert proj["plain_tok_s"] > 0 and {f"alpha_{a}" for a in (0.6, 0.7, 0.8)} <= set(proj)
+    assert r["long_ctx"]["position"] > 4000
