@@ -1,0 +1,1 @@
+"""The speculative decoding engine: llama.cpp contexts, drafters, verification, records."""

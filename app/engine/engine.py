@@ -1,0 +1,263 @@
+"""The speculative decoding engine: one target context, one drafter, several slots.
+
+A step, for every active slot at once:
+    draft     the drafter proposes up to k tokens after the slot's history
+    verify    one target decode of [last token + drafts] for all slots, logits at those positions
+    accept    keep the agreeing prefix (greedy / sample-and-match / rejection, see accept.py),
+              plus one token of the target's own
+    roll back drop the target's cache past what was kept; the drafter follows on its next call
+With k = 0 the same step is plain decoding and the drafter does no work.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+from pydantic import BaseModel, Field
+
+from ..errors import SpecdeckError
+from ..llama_ctx import Context
+from . import kv
+from .accept import Accepted, accept_by_match, accept_by_rejection, accept_greedy
+from .drafter import Draft, Drafter
+from .records import RequestRecord, StepRecord
+from .sampling import SamplingParams, TokenSampler
+
+
+class ContextOverflow(SpecdeckError):
+    """The prompt (plus what must be generated) does not fit the context."""
+
+
+class SpecParams(BaseModel):
+    enabled: bool = True
+    n_max: int = Field(8, ge=0, le=64)
+    mode: Literal["match", "rejection"] = "match"
+
+    @property
+    def k(self) -> int:
+        return self.n_max if self.enabled else 0
+
+
+class Request(BaseModel):
+    prompt: list[int]
+    max_tokens: int = Field(256, ge=1)
+    sampling: SamplingParams = SamplingParams()
+    speculative: SpecParams = SpecParams()
+    stop_tokens: set[int] = set()
+    trace: bool = False  # record the target's argmax and top-2 gap at each emitted token
+
+
+@dataclass
+class Slot:
+    id: int
+    cached: list[int] = field(default_factory=list)  # exactly what the target's cache holds
+    tokens: list[int] = field(default_factory=list)  # prompt + emitted; tokens[-1] is not in the cache yet
+    request: Request | None = None
+    record: RequestRecord | None = None
+    sampler: TokenSampler | None = None
+    rng: np.random.Generator | None = None
+    generated: int = 0
+
+
+def _top2(logits: np.ndarray) -> tuple[int, float]:
+    i = int(np.argmax(logits))
+    top = float(logits[i])
+    second = float(np.partition(logits, -2)[-2])
+    return i, top - second
+
+
+class Engine:
+    def __init__(self, target: Context, drafter: Drafter | None, n_slots: int, draft_limit: int | None = None) -> None:
+        self.target = target
+        self.drafter = drafter
+        self.n_vocab = target.model.n_vocab
+        self.window = target.model.swa_window
+        self.slots = [Slot(i) for i in range(n_slots)]
+        # hybrid models can roll back only as many tokens as they keep snapshots for
+        self.draft_limit = draft_limit if draft_limit is not None else (
+            target.params.n_rs_seq if target.model.is_recurrent else 64)
+
+    # -- a request's life ---------------------------------------------------------------------
+
+    def start(self, slot: Slot, req: Request) -> int:
+        """Evaluate the prompt (reusing the cached prefix) and sample the first token. Returns it."""
+        if not req.prompt:
+            raise SpecdeckError("empty prompt")
+        if len(req.prompt) >= self.target.n_ctx:
+            raise ContextOverflow(f"prompt of {len(req.prompt):,} tokens does not fit the context of {self.target.n_ctx:,}")
+        t0 = time.perf_counter()
+        n = kv.sync(self.target, slot.id, slot.cached, req.prompt, self.window, need_logits=True)
+        idx = kv.evaluate(self.target, slot.id, req.prompt, n, logits_last=True)
+        slot.cached = list(req.prompt)
+        slot.request, slot.generated = req, 0
+        slot.record = RequestRecord(prompt_tokens=len(req.prompt), reused_tokens=n)
+        if slot.sampler is not None:
+            slot.sampler.close()
+        slot.sampler = TokenSampler(req.sampling, self.n_vocab)
+        slot.rng = np.random.default_rng(req.sampling.seed)
+        first = self._first_token(slot, idx)
+        slot.tokens = list(req.prompt) + [first]
+        slot.record.t_prompt = slot.record.ttft = time.perf_counter() - t0
+        return first
+
+    def _first_token(self, slot: Slot, idx: int) -> int:
+        req = slot.request
+        assert req is not None and slot.sampler is not None
+        if req.sampling.greedy and not req.sampling.penalised:
+            token = int(np.argmax(self.target.logits(idx)))
+            slot.sampler.accept(token)
+            return token
+        if req.speculative.mode == "rejection" and req.speculative.k > 0:
+            token = _sample(slot.sampler.probs(self.target.logits(idx)), slot.rng)
+            slot.sampler.accept(token)
+            return token
+        return slot.sampler.sample(self.target.ptr, idx)
+
+    def finish(self, slot: Slot, reason: str) -> RequestRecord:
+        assert slot.record is not None
+        slot.record.finish_reason = reason
+        record, slot.request = slot.record, None
+        return record
+
+    # -- one step for several slots -----------------------------------------------------------
+
+    def _k_for(self, slot: Slot) -> int:
+        req = slot.request
+        assert req is not None
+        room = self.target.n_ctx - len(slot.tokens) - 1
+        left = req.max_tokens - slot.generated - 1
+        return max(0, min(req.speculative.k, self.draft_limit, room, left)) if self.drafter else 0
+
+    def step(self, slots: Sequence[Slot]) -> list[StepRecord]:
+        """One speculative step for every slot given: draft, one batched verify, accept, roll back."""
+        drafts, t_draft, ks = {}, {}, {}
+        for s in slots:
+            t = time.perf_counter()
+            k = ks[s.id] = self._k_for(s)
+            req = s.request
+            assert req is not None
+            rejection = req.speculative.mode == "rejection" and not req.sampling.greedy
+            drafts[s.id] = (self.drafter.propose(s.id, s.tokens, k, req.sampling if rejection else None, s.rng)
+                            if k > 0 and self.drafter else Draft([]))
+            t_draft[s.id] = time.perf_counter() - t
+
+        t = time.perf_counter()
+        batch = self.target.batch
+        batch.clear()
+        rows: dict[int, list[int]] = {}
+        for s in slots:
+            if len(s.tokens) + len(drafts[s.id].tokens) > self.target.n_ctx:
+                raise ContextOverflow(f"slot {s.id} is out of context ({self.target.n_ctx:,} tokens)")
+            base = len(s.tokens) - 1
+            seq = [s.tokens[-1]] + drafts[s.id].tokens
+            rows[s.id] = [batch.add(tok, base + j, s.id, True) for j, tok in enumerate(seq)]
+        self.target.decode(batch)
+        t_verify = (time.perf_counter() - t) / max(1, len(slots))
+
+        out = []
+        for s in slots:
+            t = time.perf_counter()
+            d = drafts[s.id]
+            acc, argmax, gaps = self._accept(s, d, rows[s.id])
+            base = len(s.tokens) - 1
+            keep = base + 1 + acc.n_accepted  # positions [0, keep) stay in the cache
+            if not self.target.seq_rm(s.id, keep, -1):
+                raise SpecdeckError(f"llama.cpp could not roll slot {s.id} back to {keep}")
+            s.cached = s.tokens[:base] + [s.tokens[-1]] + d.tokens[: acc.n_accepted]
+            rec = StepRecord(s.id, acc.tokens, len(d.tokens), acc.n_accepted, ks[s.id],
+                             self.drafter.name if (self.drafter and d.tokens) else "none", t_draft[s.id], t_verify,
+                             time.perf_counter() - t, argmax, gaps)
+            self._emit(s, rec)
+            out.append(rec)
+        return out
+
+    def _accept(self, s: Slot, d: Draft, rows: list[int]) -> tuple[Accepted, list[int] | None, list[float] | None]:
+        req = s.request
+        assert req is not None and s.sampler is not None
+        argmax = gaps = None
+        if req.trace or (req.sampling.greedy and not req.sampling.penalised):
+            pairs = [_top2(self.target.logits(i)) for i in rows]
+            argmax, gaps = [p[0] for p in pairs], [p[1] for p in pairs]
+        if req.sampling.greedy and not req.sampling.penalised:
+            acc = accept_greedy(d.tokens, argmax)
+            for tok in acc.tokens:
+                s.sampler.accept(tok)
+        elif req.speculative.mode == "rejection" and d.q is not None and d.tokens:
+            acc = accept_by_rejection(d.tokens, d.q, lambda i: s.sampler.probs(self.target.logits(rows[i])), s.rng)
+            for tok in acc.tokens:
+                s.sampler.accept(tok)
+        else:
+            acc = accept_by_match(d.tokens, lambda i: s.sampler.sample(self.target.ptr, rows[i]))
+        n = len(acc.tokens)
+        return acc, (argmax[:n] if argmax else None), (gaps[:n] if gaps else None)
+
+    def _emit(self, s: Slot, rec: StepRecord) -> None:
+        """Append the step's tokens to the slot, cut at a stop token or at max_tokens."""
+        req = s.request
+        assert req is not None and s.record is not None
+        kept = []
+        for tok in rec.tokens:
+            kept.append(tok)
+            s.generated += 1
+            if tok in req.stop_tokens:
+                rec.finish_reason = "stop"
+                break
+            if s.generated >= req.max_tokens:
+                rec.finish_reason = "length"
+                break
+        rec.tokens = kept
+        if rec.target_argmax is not None:
+            rec.target_argmax, rec.top2_gap = rec.target_argmax[: len(kept)], rec.top2_gap[: len(kept)]
+        s.tokens += kept
+        if rec.finish_reason is None and len(s.tokens) >= self.target.n_ctx:
+            rec.finish_reason = "context"
+        s.record.add(rec)
+
+    # -- one request, start to finish -----------------------------------------------------------
+
+    def generate(self, req: Request, slot_id: int = 0) -> Iterator[StepRecord]:
+        """Yield one StepRecord per step (the first holds the first token). The caches stay
+        consistent whenever the consumer stops (a closed generator runs the `finally`)."""
+        slot = self.slots[slot_id]
+        t0 = time.perf_counter()
+        try:
+            first = self.start(slot, req)
+            assert slot.record is not None
+            rec = StepRecord(slot.id, [], 0, 0, 0, "none", 0.0, slot.record.t_prompt, 0.0)
+            trace = self._trace_first(slot) if req.trace else (None, None)
+            rec.tokens, rec.target_argmax, rec.top2_gap = [first], trace[0], trace[1]
+            slot.generated = 1
+            if first in req.stop_tokens:
+                rec.finish_reason = "stop"
+            elif req.max_tokens <= 1:
+                rec.finish_reason = "length"
+            slot.record.completion.append(first)
+            yield rec
+            finish = rec.finish_reason
+            while finish is None:
+                (rec,) = self.step([slot])
+                yield rec
+                finish = rec.finish_reason
+            slot.record.t_generate = time.perf_counter() - t0 - slot.record.t_prompt
+            self.finish(slot, finish)
+        finally:
+            if slot.request is not None:  # stopped early (client gone, error): keep what is consistent
+                slot.record.t_generate = time.perf_counter() - t0 - slot.record.t_prompt
+                self.finish(slot, "cancelled")
+            if self.target.pos_max(slot.id) >= len(slot.cached):  # a step broke off mid-way
+                n = kv.truncate(self.target, slot.id, len(slot.cached), self.window)
+                del slot.cached[n:]
+
+    def _trace_first(self, slot: Slot) -> tuple[list[int], list[float]]:
+        # the prompt's last logits are still the context's last output
+        i, gap = _top2(self.target.logits(-1))
+        return [i], [gap]
+
+
+def _sample(p: np.ndarray, rng: np.random.Generator) -> int:
+    c = np.cumsum(p)
+    return int(min(np.searchsorted(c, rng.random() * c[-1], side="right"), len(p) - 1))

@@ -1,0 +1,69 @@
+"""Keeping a context's cache for one sequence equal to a token list, safely.
+
+`sync(ctx, seq, cached, wanted)` leaves the cache holding `wanted[:n]` for the largest reusable n
+and returns n; the caller evaluates `wanted[n:]`. Removing the tail of a sequence is only trusted
+where llama.cpp can really do it:
+- sliding-window caches keep only the last window (+ a batch) of positions, and
+  `llama_memory_seq_rm` returns true even when a removal reaches behind them (the next logits are
+  then wrong). So before keeping n tokens we check that the cache still holds positions
+  [n - window, n - 1]; otherwise the sequence is evaluated again from the start.
+- recurrent state can go back only as far as its rollback snapshots; where `seq_rm` says no, the
+  sequence is cleared and evaluated again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from ..llama_ctx import Batch, Context
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
+
+
+def can_keep(ctx: Context, seq: int, n: int, window: int) -> bool:
+    """Does the cache hold what the token at position n attends to?"""
+    if n == 0:
+        return True
+    lo, hi = ctx.pos_min(seq), ctx.pos_max(seq)
+    if hi < n - 1:
+        return False
+    return window <= 0 or lo <= max(0, n - window)
+
+
+def truncate(ctx: Context, seq: int, n: int, window: int) -> int:
+    """Drop positions >= n; returns n, or 0 when the cache had to be cleared instead."""
+    if n > 0 and can_keep(ctx, seq, n, window) and ctx.seq_rm(seq, n, -1):
+        return n
+    ctx.seq_rm(seq, 0, -1)
+    return 0
+
+
+def sync(ctx: Context, seq: int, cached: list[int], wanted: Sequence[int], window: int, need_logits: bool) -> int:
+    """Make the cache hold a reusable prefix of `wanted`; returns its length (<= len(wanted) - need_logits)."""
+    n = common_prefix(cached, wanted)
+    if need_logits:
+        n = min(n, len(wanted) - 1)
+    if n < len(cached):
+        n = truncate(ctx, seq, n, window)
+        del cached[n:]
+    return n
+
+
+def evaluate(ctx: Context, seq: int, tokens: Sequence[int], start: int, logits_last: bool) -> int:
+    """Decode tokens[start:] at their positions in chunks of n_batch; returns the last token's batch index."""
+    batch: Batch = ctx.batch
+    n_batch = ctx.params.n_batch
+    last = -1
+    for c0 in range(start, len(tokens), n_batch):
+        batch.clear()
+        c1 = min(c0 + n_batch, len(tokens))
+        for pos in range(c0, c1):
+            last = batch.add(tokens[pos], pos, seq, logits_last and pos == len(tokens) - 1)
+        ctx.decode(batch)
+    return last

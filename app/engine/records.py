@@ -1,0 +1,65 @@
+"""One typed record per step and per request: read by the API, /metrics, the dashboard, benchmarks."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class StepRecord:
+    slot: int
+    tokens: list[int]  # emitted this step
+    drafted: int
+    accepted: int
+    k: int  # draft length asked for
+    drafter: str
+    t_draft: float
+    t_verify: float
+    t_sample: float
+    # filled when tracing (greedy checks): the target's argmax and top-2 logit gap at each emitted token
+    target_argmax: list[int] | None = None
+    top2_gap: list[float] | None = None
+    finish_reason: str | None = None
+
+
+@dataclass
+class RequestRecord:
+    prompt_tokens: int
+    reused_tokens: int = 0
+    completion: list[int] = field(default_factory=list)
+    drafted: int = 0
+    accepted: int = 0
+    target_decodes: int = 0
+    t_prompt: float = 0.0
+    t_generate: float = 0.0
+    t_draft: float = 0.0
+    t_verify: float = 0.0
+    t_sample: float = 0.0
+    ttft: float = 0.0
+    finish_reason: str | None = None
+
+    def add(self, step: StepRecord) -> None:
+        self.completion += step.tokens
+        self.drafted += step.drafted
+        self.accepted += step.accepted
+        self.target_decodes += 1
+        self.t_draft += step.t_draft
+        self.t_verify += step.t_verify
+        self.t_sample += step.t_sample
+
+    @property
+    def acceptance(self) -> float | None:
+        return self.accepted / self.drafted if self.drafted else None
+
+    @property
+    def tokens_per_decode(self) -> float | None:
+        return len(self.completion) / self.target_decodes if self.target_decodes else None
+
+    @property
+    def prompt_tps(self) -> float | None:
+        evaluated = self.prompt_tokens - self.reused_tokens
+        return evaluated / self.t_prompt if self.t_prompt > 0 else None
+
+    @property
+    def generation_tps(self) -> float | None:
+        return len(self.completion) / self.t_generate if self.t_generate > 0 else None
