@@ -205,3 +205,33 @@ def test_list_drafter_interface(tiny):
     assert all(s.tokens == s.target_argmax for s in steps)
     assert out == truth
     assert sum(s.accepted for s in steps) >= 5 and any(s.accepted < s.drafted for s in steps)
+
+
+@pytest.fixture(scope="module")
+def hybrid(tmp_path_factory):
+    """Qwen3.6-27B's hybrid architecture (Gated DeltaNet + attention) at a small shape, random weights."""
+    from app.synthetic import SHAPES, small, write_random
+
+    d = tmp_path_factory.mktemp("hybrid")
+    return write_random(d / "h.gguf", small(SHAPES["qwen3.6-27b"]), seed=3)
+
+
+def test_hybrid_model_speculates_with_rollback_snapshots(hybrid):
+    m = Model(hybrid)
+    assert m.is_recurrent
+    tc, dc = Context(m, params(n_rs_seq=4), 1), Context(m, params(n_rs_seq=4), 1)
+    eng = Engine(tc, ModelDrafter(dc), 2)
+    prompt = [5, 6, 7, 8, 9, 10]
+    plain, _ = run(eng, Request(prompt=prompt, max_tokens=30, speculative=SpecParams(enabled=False)))
+    spec, steps = run(eng, Request(prompt=prompt + [11], max_tokens=30, speculative=SpecParams(n_max=8), trace=True))
+    assert all(s.tokens == s.target_argmax for s in steps)
+    assert max(s.drafted for s in steps) <= 4  # never drafts more than it can roll back
+    assert sum(s.drafted for s in steps) > 0
+    assert tc.pos_max(0) == len(eng.slots[0].cached) - 1
+
+
+def test_hybrid_model_without_snapshots_is_refused(hybrid):
+    m = Model(hybrid)
+    with pytest.raises(Exception, match="cannot roll them back"):
+        Engine(Context(m, params(n_rs_seq=0), 1), ModelDrafter(Context(m, params(), 1)), 2)
+    Engine(Context(m, params(n_rs_seq=0), 1), None, 2)  # plain decoding is fine

@@ -77,9 +77,14 @@ class Engine:
         self.n_vocab = target.model.n_vocab
         self.window = target.model.swa_window
         self.slots = [Slot(i) for i in range(n_slots)]
-        # hybrid models can roll back only as many tokens as they keep snapshots for
+        # recurrent / hybrid models can roll back only as many tokens as they keep snapshots for
         self.draft_limit = draft_limit if draft_limit is not None else (
             target.params.n_rs_seq if target.model.is_recurrent else 64)
+        if drafter is not None and target.model.is_recurrent and not can_roll_back(target):
+            raise SpecdeckError(
+                f"{target.model.path.name} has recurrent layers and this context cannot roll them back "
+                f"(n_rs_seq {target.params.n_rs_seq}; llama.cpp keeps rollback snapshots only for some "
+                f"architectures): serve it without speculation")
 
     # -- a request's life ---------------------------------------------------------------------
 
@@ -256,6 +261,18 @@ class Engine:
         # the prompt's last logits are still the context's last output
         i, gap = _top2(self.target.logits(-1))
         return [i], [gap]
+
+
+def can_roll_back(ctx: Context) -> bool:
+    """Can this context drop the last token of a sequence? (Recurrent state needs snapshots.)"""
+    batch = ctx.batch
+    batch.clear()
+    batch.add(0, 0, 0, False)
+    batch.add(0, 1, 0, True)
+    ctx.decode(batch)
+    ok = ctx.seq_rm(0, 1, -1)
+    ctx.seq_rm(0, 0, -1)
+    return ok
 
 
 def _sample(p: np.ndarray, rng: np.random.Generator) -> int:

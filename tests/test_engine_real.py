@@ -1,0 +1,114 @@
+"""The engine on real models: sliding-window rollback (Gemma 3 270M) and the Qwen pair."""
+
+import numpy as np
+import pytest
+
+from app.engine import kv
+from app.engine.drafter import ModelDrafter
+from app.engine.engine import Engine, Request, SpecParams
+from app.llama_ctx import Context, Model
+from app.planner import ModelParams
+
+TOL = 1.0  # llama.cpp batch-shape numerics (FACTS.md: up to ~0.8 measured)
+
+
+def ctx_for(model, n_ctx=2048, n_seq=1):
+    return Context(model, ModelParams(n_ctx, 512, 512, n_seq, True, "f16", "f16", True, False, 0, 0), 2)
+
+
+def next_logits(ctx, tokens):
+    """Logits after `tokens`, given the cache already holds tokens[:-1]."""
+    b = ctx.batch
+    b.clear()
+    b.add(tokens[-1], len(tokens) - 1, 0, True)
+    ctx.decode(b)
+    return ctx.logits(0).copy()
+
+
+def fresh_logits(model, tokens):
+    c = ctx_for(model)
+    kv.evaluate(c, 0, tokens, 0, logits_last=True)
+    out = c.logits(c.batch.raw.n_tokens - 1).copy()
+    c.close()
+    return out
+
+
+@pytest.fixture(scope="module")
+def gemma(gemma_270m):
+    return Model(gemma_270m)
+
+
+def long_prompt(n, seed=0):
+    rng = np.random.default_rng(seed)
+    return [2] + [int(x) for x in rng.integers(1000, 20000, n - 1)]
+
+
+def test_gemma_window_is_what_the_check_assumes(gemma):
+    assert gemma.swa_window == 512
+
+
+def test_swa_prefix_reuse_behind_the_window_reevaluates(gemma):
+    """Reusing 300 of 1,500 cached positions reaches behind the 512-token window: the engine must
+    evaluate again (the naive seq_rm 'succeeds' and gives wrong logits)."""
+    a = long_prompt(1500)
+    b = a[:300] + long_prompt(40, seed=1)[1:]
+    want = fresh_logits(gemma, b)
+
+    ctx = ctx_for(gemma)
+    kv.evaluate(ctx, 0, a, 0, logits_last=False)
+    assert ctx.pos_min(0) > 0  # the window cache has dropped early positions
+    naive = ctx_for(gemma)
+    kv.evaluate(naive, 0, a, 0, logits_last=False)
+    assert naive.seq_rm(0, 300, -1)  # llama.cpp says yes...
+    kv.evaluate(naive, 0, b[:-1], 300, logits_last=False)
+    wrong = next_logits(naive, b)
+    assert np.max(np.abs(wrong - want)) > TOL  # ...and the logits are off
+
+    cached = list(a)
+    n = kv.sync(ctx, 0, cached, b, gemma.swa_window, need_logits=True)
+    assert n == 0  # the safe path starts again
+    kv.evaluate(ctx, 0, b[:-1], n, logits_last=False)
+    assert np.max(np.abs(next_logits(ctx, b) - want)) < TOL
+
+
+def test_swa_prefix_reuse_inside_the_window_keeps_the_cache(gemma):
+    a = long_prompt(1500)
+    b = a[:1400] + long_prompt(20, seed=2)[1:]
+    ctx = ctx_for(gemma)
+    kv.evaluate(ctx, 0, a, 0, logits_last=False)
+    cached = list(a)
+    n = kv.sync(ctx, 0, cached, b, gemma.swa_window, need_logits=True)
+    assert n == 1400
+    kv.evaluate(ctx, 0, b[:-1], n, logits_last=False)
+    assert np.max(np.abs(next_logits(ctx, b) - fresh_logits(gemma, b))) < TOL
+
+
+def test_speculative_rollback_on_a_sliding_window_model(gemma):
+    """Gemma as its own draft past the window: every rollback is short and the cache stays right."""
+    tc, dc = ctx_for(gemma), ctx_for(gemma)
+    eng = Engine(tc, ModelDrafter(dc), 1)
+    prompt = long_prompt(700)
+    steps = list(eng.generate(Request(prompt=prompt, max_tokens=40, speculative=SpecParams(n_max=4), trace=True)))
+    assert all(s.tokens == s.target_argmax for s in steps)
+    rec = eng.slots[0].record
+    assert rec.drafted > 0 and rec.accepted / rec.drafted > 0.8
+    tokens = eng.slots[0].tokens
+    assert tc.pos_max(0) == len(tokens) - 2
+    assert np.max(np.abs(next_logits(tc, tokens) - fresh_logits(gemma, tokens))) < TOL
+
+
+def test_qwen_pair_greedy_speculation(real_pair):
+    tm, dm = Model(real_pair.target), Model(real_pair.draft)
+    eng = Engine(ctx_for(tm), ModelDrafter(ctx_for(dm)), 1)
+    prompt = [151644, 872, 198] + [750, 374, 264, 1273, 13, 9645, 264, 13027, 729, 429, 16211, 264, 1140, 13] + [151645, 198, 151644, 77091, 198]
+    plain = [t for s in eng.generate(Request(prompt=prompt, max_tokens=48, speculative=SpecParams(enabled=False), stop_tokens={151645})) for t in s.tokens]
+    steps = list(eng.generate(Request(prompt=prompt, max_tokens=48, speculative=SpecParams(n_max=6), stop_tokens={151645}, trace=True)))
+    spec = [t for s in steps for t in s.tokens]
+    assert all(s.tokens == s.target_argmax for s in steps)
+    i = next((j for j, (x, y) in enumerate(zip(plain, spec)) if x != y), None)
+    if i is not None:
+        gaps = [g for s in steps for g in s.top2_gap]
+        assert gaps[i] < TOL, "outputs differ away from a near-tie"
+    else:
+        assert plain == spec
+    assert eng.slots[0].record.accepted > 0
