@@ -170,6 +170,42 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return 0
 
 
+# -- verify ----------------------------------------------------------------------------------
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    from .runtime import load
+    from .verify import VerifyReport, load_prompts, verify_prompt
+
+    catalog = _catalog(args)
+    sel = _selection(args, catalog)
+    if sel.draft is None:
+        raise SpecdeckError("verify needs a draft model (a preset with one, or --draft)")
+    prompts = load_prompts(Path(args.prompts) if args.prompts else None)
+    fetcher = _fetcher(args)
+    target = read_model_info(_local_path(fetcher, sel.target))
+    draft = read_model_info(_local_path(fetcher, sel.draft))
+    hw = detect()
+    req = PlanRequest(ctx=args.ctx, ctx_is_user_choice=True, parallel=1, draft_max=args.draft_max)
+    plan = make_plan(target, draft, req, hw, args.ctx)
+    loaded = load(plan, target, draft, hw.cpu_count)
+    report = VerifyReport()
+    try:
+        for item in prompts:
+            r = verify_prompt(loaded.engine, loaded.tokenizer, item, args.max_tokens, plan.draft_max)
+            report.results.append(r)
+            if not args.json:
+                mark = "[green]ok[/]" if r.invariant_violations == 0 and r.explained else "[red]FAIL[/]"
+                acc = f"{r.acceptance:.2f}" if r.acceptance is not None else "-"
+                out.print(f"{mark} {r.kind}: {r.explanation}; invariant violations {r.invariant_violations}; "
+                          f"acceptance {acc}, {r.tokens_per_decode or 0:.2f} tokens/decode; "
+                          f"plain {r.plain_tok_s or 0:.1f} tok/s, speculative {r.spec_tok_s or 0:.1f} tok/s", soft_wrap=True)
+    finally:
+        loaded.close()
+    if args.json:
+        out.print_json(json.dumps(report.to_json()))
+    return 0 if report.ok else 1
+
+
 # -- wiring ----------------------------------------------------------------------------------
 
 def _add_selection(p: argparse.ArgumentParser) -> None:
@@ -222,6 +258,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--margin", help="safety margin, e.g. 512MiB")
     p.add_argument("--json", action="store_true", help="print the plan as one JSON object")
     p.set_defaults(func=cmd_plan, offline=True, verify=False)
+
+    p = sub.add_parser("verify", help="run prompts with speculation on and off and check every step")
+    _add_selection(p)
+    p.add_argument("--prompts", metavar="FILE.jsonl", help='lines of {"messages": [...]} or {"prompt": "..."}, optional "kind"')
+    p.add_argument("--max-tokens", type=int, default=128, help="tokens per prompt (default 128)")
+    p.add_argument("--draft-max", type=int, default=8, help="most tokens drafted per step (default 8)")
+    p.add_argument("--ctx", type=int, default=4096, help="context length (default 4096)")
+    p.add_argument("--json", action="store_true", help="print the report as one JSON object")
+    p.set_defaults(func=cmd_verify, offline=True, verify=False)
     return parser
 
 

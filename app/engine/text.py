@@ -1,0 +1,60 @@
+"""Text in and out of token ids, and chat messages through the model's own template (from its GGUF)."""
+
+from __future__ import annotations
+
+import ctypes
+
+import llama_cpp
+from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+from ..errors import SpecdeckError
+from ..llama_ctx import Model
+
+
+class Tokenizer:
+    def __init__(self, model: Model, chat_template: str | None) -> None:
+        self.model = model
+        self.vocab = model.vocab
+        self.bos = int(llama_cpp.llama_vocab_bos(self.vocab))
+        self.eos = int(llama_cpp.llama_vocab_eos(self.vocab))
+        self.add_bos = bool(llama_cpp.llama_vocab_get_add_bos(self.vocab))
+        self.stop_tokens = {t for t in range(model.n_vocab) if llama_cpp.llama_vocab_is_eog(self.vocab, t)}
+        self.chat_template = chat_template
+        self._formatter = (Jinja2ChatFormatter(chat_template, self.piece(self.eos), self.piece(self.bos))
+                           if chat_template else None)
+
+    def encode(self, text: str, add_special: bool | None = None, parse_special: bool = True) -> list[int]:
+        data = text.encode("utf-8", errors="replace")
+        add = self.add_bos if add_special is None else add_special
+        cap = len(data) + 16
+        buf = (llama_cpp.llama_token * cap)()
+        n = llama_cpp.llama_tokenize(self.vocab, data, len(data), buf, cap, add, parse_special)
+        if n < 0:
+            cap = -n
+            buf = (llama_cpp.llama_token * cap)()
+            n = llama_cpp.llama_tokenize(self.vocab, data, len(data), buf, cap, add, parse_special)
+        return list(buf[:n])
+
+    def piece(self, token: int, special: bool = True) -> str:
+        return self.piece_bytes(token, special).decode("utf-8", errors="replace")
+
+    def piece_bytes(self, token: int, special: bool = False) -> bytes:
+        buf = ctypes.create_string_buffer(64)
+        n = llama_cpp.llama_token_to_piece(self.vocab, token, buf, 64, 0, special)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = llama_cpp.llama_token_to_piece(self.vocab, token, buf, -n, 0, special)
+        return buf.raw[:n]
+
+    def decode(self, tokens: list[int]) -> str:
+        return b"".join(self.piece_bytes(t) for t in tokens).decode("utf-8", errors="replace")
+
+    def render_chat(self, messages: list[dict]) -> str:
+        if self._formatter is None:
+            raise SpecdeckError("this model has no chat template: send a plain prompt instead of messages")
+        return self._formatter(messages=messages).prompt
+
+    def chat_tokens(self, messages: list[dict]) -> list[int]:
+        text = self.render_chat(messages)
+        has_bos = self.add_bos and text.startswith(self.piece(self.bos))
+        return self.encode(text, add_special=self.add_bos and not has_bos)

@@ -1,0 +1,37 @@
+"""Bring a plan to life: load target and draft with the plan's parameters, build the engine."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from .engine.drafter import ModelDrafter
+from .engine.engine import Engine
+from .engine.text import Tokenizer
+from .gguf_info import ModelInfo
+from .llama_ctx import Context, Model
+from .planner import Plan
+
+
+@dataclass
+class Loaded:
+    engine: Engine
+    tokenizer: Tokenizer
+    target: Context
+    draft: Context | None
+
+    def close(self) -> None:
+        for c in (self.target, self.draft):
+            if c is not None:
+                c.close()
+                c.model.close()
+
+
+def load(plan: Plan, target: ModelInfo, draft: ModelInfo | None, threads: int) -> Loaded:
+    tm = Model(Path(target.path), plan.target.n_gpu_layers)
+    tc = Context(tm, plan.target, threads)
+    dc = None
+    if draft is not None and plan.draft is not None:
+        dc = Context(Model(Path(draft.path), plan.draft.n_gpu_layers), plan.draft, threads)
+    engine = Engine(tc, ModelDrafter(dc) if dc else None, plan.parallel, draft_limit=plan.draft_max)
+    return Loaded(engine, Tokenizer(tm, target.vocab.chat_template), tc, dc)

@@ -1,0 +1,127 @@
+"""`specdeck verify`: the same prompts with speculation on and off, every step checked.
+
+Greedy decoding. On every step of the speculative run, each emitted token must be the target's
+argmax at its position given the logits the target computed in that step (the exact invariant).
+The two outputs are then compared: identical, or first different at a position whose top-two
+logit gap is within llama.cpp's batch-shape numerics (a batch of k tokens is not computed with
+bit-identical numerics to one token at a time, so a near-tie can flip).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from .engine.engine import Engine, Request, SpecParams
+from .engine.text import Tokenizer
+from .errors import SpecdeckError
+
+GAP_TOLERANCE = 1.0  # logits; llama.cpp's single vs batched numerics differ by up to ~0.8 here
+
+BUILTIN_PROMPTS = [
+    {"kind": "code-completion", "prompt": "def fibonacci(n: int) -> list[int]:\n    \"\"\"Return the first n Fibonacci numbers.\"\"\"\n"},
+    {"kind": "code-edit", "messages": [{"role": "user", "content": (
+        "Add type hints to this module and return it whole:\n\n```python\nimport os\n\n"
+        "def read_lines(path):\n    with open(path) as f:\n        return [line.rstrip() for line in f]\n\n"
+        "def count_words(lines):\n    total = 0\n    for line in lines:\n        total += len(line.split())\n    return total\n\n"
+        "def main(path):\n    lines = read_lines(path)\n    print(count_words(lines))\n```")}]},
+    {"kind": "code-question", "messages": [{"role": "user", "content": "What does Python's functools.lru_cache do, in two sentences?"}]},
+    {"kind": "prose", "messages": [{"role": "user", "content": "Write a short poem about the sea at night."}]},
+]
+
+
+@dataclass
+class PromptResult:
+    kind: str
+    prompt_tokens: int
+    plain_tokens: int
+    spec_tokens: int
+    identical: bool
+    first_divergence: int | None
+    gap_at_divergence: float | None
+    explained: bool
+    invariant_violations: int
+    acceptance: float | None
+    tokens_per_decode: float | None
+    plain_tok_s: float | None
+    spec_tok_s: float | None
+    explanation: str = ""
+
+
+@dataclass
+class VerifyReport:
+    results: list[PromptResult] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return all(r.invariant_violations == 0 and r.explained for r in self.results)
+
+    def to_json(self) -> dict:
+        return {"ok": self.ok, "gap_tolerance": GAP_TOLERANCE, "prompts": [asdict(r) for r in self.results]}
+
+
+def load_prompts(path: Path | None) -> list[dict]:
+    """The built-in set, or a JSONL file of {"messages": [...]} / {"prompt": "..."} lines with an optional "kind"."""
+    if path is None:
+        return BUILTIN_PROMPTS
+    out = []
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise SpecdeckError(f"cannot read prompts file {path}: {e}") from None
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            item = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise SpecdeckError(f"{path}:{n}: not JSON: {e.msg}") from None
+        if not isinstance(item, dict) or not (isinstance(item.get("prompt"), str) or isinstance(item.get("messages"), list)):
+            raise SpecdeckError(f'{path}:{n}: each line needs "prompt" (a string) or "messages" (a list)')
+        out.append(item)
+    if not out:
+        raise SpecdeckError(f"{path}: no prompts")
+    return out
+
+
+def prompt_tokens(tok: Tokenizer, item: dict) -> list[int]:
+    if "messages" in item:
+        return tok.chat_tokens(item["messages"])
+    return tok.encode(item["prompt"])
+
+
+def _run(engine: Engine, req: Request) -> tuple[list[int], list, float]:
+    t = time.perf_counter()
+    steps = list(engine.generate(req))
+    return [x for s in steps for x in s.tokens], steps, time.perf_counter() - t
+
+
+def verify_prompt(engine: Engine, tok: Tokenizer, item: dict, max_tokens: int, n_max: int) -> PromptResult:
+    ids = prompt_tokens(tok, item)
+    base = dict(prompt=ids, max_tokens=max_tokens, stop_tokens=tok.stop_tokens, trace=True)
+    plain, plain_steps, t_plain = _run(engine, Request(**base, speculative=SpecParams(enabled=False)))
+    spec, spec_steps, t_spec = _run(engine, Request(**base, speculative=SpecParams(n_max=n_max)))
+    rec = engine.slots[0].record
+    violations = sum(a != b for s in spec_steps for a, b in zip(s.tokens, s.target_argmax or []))
+    gaps = [g for s in spec_steps for g in (s.top2_gap or [])]
+    div = next((i for i, (a, b) in enumerate(zip(plain, spec)) if a != b), None)
+    if div is None and len(plain) != len(spec):
+        div = min(len(plain), len(spec))
+    gap = gaps[div] if div is not None and div < len(gaps) else None
+    explained = div is None or (gap is not None and gap <= GAP_TOLERANCE)
+    if div is None:
+        text = "identical"
+    elif explained:
+        text = (f"first differs at token {div}, where the target's top two logits are {gap:.3f} apart "
+                f"(within llama.cpp's batch-vs-single numerics, {GAP_TOLERANCE}): a near-tie flipped")
+    else:
+        text = f"first differs at token {div} with a top-two gap of {gap if gap is None else round(gap, 3)}: NOT a near-tie"
+    return PromptResult(
+        kind=item.get("kind", "custom"), prompt_tokens=len(ids), plain_tokens=len(plain), spec_tokens=len(spec),
+        identical=div is None, first_divergence=div, gap_at_divergence=gap, explained=explained,
+        invariant_violations=violations, acceptance=rec.acceptance, tokens_per_decode=rec.tokens_per_decode,
+        plain_tok_s=len(plain) / t_plain if t_plain else None, spec_tok_s=len(spec) / t_spec if t_spec else None,
+        explanation=text,
+    )
