@@ -8,6 +8,7 @@ import pytest
 from scipy.stats import chi2_contingency
 
 from app.engine import engine as engine_mod
+from app.engine import kv
 from app.engine.accept import Accepted
 from app.engine.drafter import ListDrafter, ModelDrafter
 from app.engine.engine import ContextOverflow, Engine, Request, SpecParams
@@ -97,8 +98,13 @@ def test_caches_hold_exactly_the_emitted_sequence(tiny):
     got = r.target.logits(0)
     assert np.max(np.abs(got - want)) < NUMERICS_TOLERANCE
     r.target.seq_rm(0, len(slot.tokens) - 1, -1)
-    # the draft's cache follows the accepted history (positions beyond it were rolled back)
-    assert r.draft.pos_max(0) <= len(slot.tokens) - 1
+    # the draft's cache follows the accepted history: rejected drafts are rolled back when it next drafts
+    drafter = r.engine.drafter
+    drafter.propose(0, slot.tokens, 1)
+    assert drafter.cached[0] == slot.tokens and r.draft.pos_max(0) == len(slot.tokens) - 1
+    fresh_d = Context(r.draft.model, params(), 1)
+    idx = kv.evaluate(fresh_d, 0, slot.tokens, 0, logits_last=True)
+    assert np.max(np.abs(fresh_d.logits(idx) - r.draft.logits(-1))) < NUMERICS_TOLERANCE
 
 
 def test_speculation_off_leaves_the_draft_idle_then_catches_up(tiny):
