@@ -64,9 +64,11 @@ def test_greedy_invariant_and_plain_equivalence(tiny):
     rec = r.engine.slots[0].record
     assert rec.drafted > 0 and rec.accepted / rec.drafted > 0.9 and rec.tokens_per_decode > 2
     diverge = next((i for i, (a, b) in enumerate(zip(plain, spec)) if a != b), None)
-    if diverge is not None:  # only where batch numerics can flip a near-tie
+    if diverge is not None:  # only where batch numerics can flip a near-tie, measured at that position
+        from app.verify import single_vs_batch_delta
+
         gaps = [g for s in steps for g in s.top2_gap]
-        assert gaps[diverge] < NUMERICS_TOLERANCE
+        assert gaps[diverge] <= 2 * single_vs_batch_delta(r.engine, PROMPT + plain, len(PROMPT) + diverge)
 
 
 def test_other_draft_still_equals_target_argmax(tiny):

@@ -106,9 +106,12 @@ def test_qwen_pair_greedy_speculation(real_pair):
     spec = [t for s in steps for t in s.tokens]
     assert all(s.tokens == s.target_argmax for s in steps)
     i = next((j for j, (x, y) in enumerate(zip(plain, spec)) if x != y), None)
-    if i is not None:
+    if i is not None:  # a flip needs a top-two gap within twice the batch-vs-single difference there
+        from app.verify import single_vs_batch_delta
+
         gaps = [g for s in steps for g in s.top2_gap]
-        assert gaps[i] < TOL, "outputs differ away from a near-tie"
+        delta = single_vs_batch_delta(eng, prompt + plain, len(prompt) + i)
+        assert gaps[i] <= 2 * delta, "outputs differ away from a near-tie"
     else:
         assert plain == spec
     assert eng.slots[0].record.accepted > 0
