@@ -226,7 +226,6 @@ def _check_request(req: PlanRequest, target: ModelInfo, draft: ModelInfo | None,
 
 def _budget(req: PlanRequest, hw: Hardware) -> tuple[Device, int, str, int, int]:
     device: Device = "cpu" if req.device == "cpu" or (req.device == "auto" and not hw.gpus and req.vram is None) else "cuda"
-    host_available = req.ram or hw.ram_available
     if device == "cuda":
         if req.vram is not None:
             budget, source, from_total = req.vram, "--vram (card total)", True

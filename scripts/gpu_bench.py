@@ -105,7 +105,7 @@ class Stream:
     def step(self, k: int, logits: bool = True) -> None:
         b = self.ctx.batch
         b.clear()
-        for i in range(k):
+        for _ in range(k):
             b.add((self.pos * 7919 + 13) % (self.n_vocab - 10) + 5, self.pos, 0, logits)
             self.pos += 1
         self.ctx.decode(b)

@@ -1,7 +1,5 @@
 """The planner's arithmetic against llama.cpp's own allocations, and the search on 27B stand-ins."""
 
-from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 
@@ -86,12 +84,6 @@ def test_standins_have_the_published_shapes(standins):
     g = read_model_info(standins["gemma3-27b"])
     assert (g.n_layers, g.n_swa_layers, g.sliding_window) == (62, 52, 1024)
     assert abs(g.tensor_bytes - TRUE_SIZES["gemma3-27b"]) / TRUE_SIZES["gemma3-27b"] < 0.001
-
-
-@dataclass
-class Pair:
-    target: object
-    draft: object
 
 
 @pytest.fixture(scope="session")

@@ -46,7 +46,8 @@ def accept_by_match(drafts: Sequence[int], sample: Callable[[int], int]) -> Acce
     return Accepted(list(drafts) + [sample(len(drafts))], len(drafts))
 
 
-def _draw(p: np.ndarray, rng: np.random.Generator) -> int:
+def draw(p: np.ndarray, rng: np.random.Generator) -> int:
+    """One token from (unnormalised) weights p."""
     c = np.cumsum(p)
     return int(min(np.searchsorted(c, rng.random() * c[-1], side="right"), len(p) - 1))
 
@@ -61,6 +62,6 @@ def accept_by_rejection(
             continue
         residual = np.maximum(pi - q[i], 0.0)
         total = residual.sum()
-        token = _draw(residual, rng) if total > 0 else _draw(pi, rng)
+        token = draw(residual, rng) if total > 0 else draw(pi, rng)
         return Accepted(list(drafts[:i]) + [token], i)
-    return Accepted(list(drafts) + [_draw(p(len(drafts)), rng)], len(drafts))
+    return Accepted(list(drafts) + [draw(p(len(drafts)), rng)], len(drafts))

@@ -15,6 +15,7 @@ import numpy as np
 
 from ..llama_ctx import Context
 from . import kv
+from .accept import draw
 from .sampling import SamplingParams, TokenSampler
 
 TOP_LOGIT_SPAN = 20.0  # exp(-20) * vocabulary is below 1e-3: ignoring those tokens barely moves p_top
@@ -90,7 +91,7 @@ class ModelDrafter:
                 draft.p_top.append(p)
             else:
                 q = sampler.probs(logits)
-                token = int(min(np.searchsorted(np.cumsum(q), rng.random(), side="right"), len(q) - 1))
+                token = draw(q, rng)
                 draft.q.append(q)
             draft.tokens.append(token)
             if j == k - 1:

@@ -22,7 +22,7 @@ from pydantic import BaseModel, Field
 from ..errors import SpecdeckError
 from ..llama_ctx import Context
 from . import kv
-from .accept import Accepted, accept_by_match, accept_by_rejection, accept_greedy
+from .accept import Accepted, accept_by_match, accept_by_rejection, accept_greedy, draw
 from .drafter import Draft, Drafter
 from .records import RequestRecord, StepRecord
 from .sampling import SamplingParams, TokenSampler
@@ -117,7 +117,7 @@ class Engine:
             slot.sampler.accept(token)
             return token
         if req.speculative.mode == "rejection" and req.speculative.k > 0:
-            token = _sample(slot.sampler.probs(self.target.logits(idx)), slot.rng)
+            token = draw(slot.sampler.probs(self.target.logits(idx)), slot.rng)
             slot.sampler.accept(token)
             return token
         return slot.sampler.sample(self.target.ptr, idx)
@@ -184,9 +184,11 @@ class Engine:
         req = s.request
         assert req is not None and s.sampler is not None
         argmax = gaps = None
-        if req.trace or (req.sampling.greedy and not req.sampling.penalised):
+        if req.trace:  # the top-two gap costs a partial sort of the vocabulary: only when asked
             pairs = [_top2(self.target.logits(i)) for i in rows]
             argmax, gaps = [p[0] for p in pairs], [p[1] for p in pairs]
+        elif req.sampling.greedy and not req.sampling.penalised:
+            argmax = [int(np.argmax(self.target.logits(i))) for i in rows]
         if req.sampling.greedy and not req.sampling.penalised:
             acc = accept_greedy(d.tokens, argmax)
             for tok in acc.tokens:
@@ -274,7 +276,3 @@ def can_roll_back(ctx: Context) -> bool:
     ctx.seq_rm(0, 0, -1)
     return ok
 
-
-def _sample(p: np.ndarray, rng: np.random.Generator) -> int:
-    c = np.cumsum(p)
-    return int(min(np.searchsorted(c, rng.random() * c[-1], side="right"), len(p) - 1))
