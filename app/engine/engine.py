@@ -200,7 +200,9 @@ class Engine:
         else:
             acc = accept_by_match(d.tokens, lambda i: s.sampler.sample(self.target.ptr, rows[i]))
         n = len(acc.tokens)
-        return acc, (argmax[:n] if argmax else None), (gaps[:n] if gaps else None)
+        if not req.trace:
+            return acc, None, None
+        return acc, argmax[:n], gaps[:n]
 
     def _emit(self, s: Slot, rec: StepRecord) -> None:
         """Append the step's tokens to the slot, cut at a stop token or at max_tokens."""
