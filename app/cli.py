@@ -206,6 +206,56 @@ def cmd_verify(args: argparse.Namespace) -> int:
     return 0 if report.ok else 1
 
 
+# -- bench -----------------------------------------------------------------------------------
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from .bench import find_llama_server, ratios, run_anchors, run_engine
+    from .runtime import load
+    from .verify import load_prompts, prompt_tokens
+
+    catalog = _catalog(args)
+    sel = _selection(args, catalog)
+    prompts = load_prompts(Path(args.prompts) if args.prompts else None)
+    fetcher = _fetcher(args)
+    target = read_model_info(_local_path(fetcher, sel.target))
+    draft = read_model_info(_local_path(fetcher, sel.draft)) if sel.draft else None
+    hw = detect()
+    plan = make_plan(target, draft, PlanRequest(ctx=args.ctx, ctx_is_user_choice=True, parallel=1, draft_max=8), hw, args.ctx)
+    threads = args.threads or hw.cpu_count
+    log = (lambda *a, **k: console.print(*a, **k)) if args.json else (lambda *a, **k: out.print(*a, **k))
+    loaded = load(plan, target, draft, threads)
+    try:
+        log(f"bench: {sel.name}, {threads} threads, {args.max_tokens} tokens per prompt, {args.repeats} repeats")
+        workloads, costs = run_engine(loaded, prompts, args.max_tokens, args.repeats, log=log)
+        ids = {item.get("kind", "custom"): prompt_tokens(loaded.tokenizer, item) for item in prompts}
+    finally:
+        loaded.close()
+    anchors: dict = {}
+    server = None if args.no_anchors else find_llama_server()
+    if server is not None:
+        log(f"anchors: {server}")
+        anchors = run_anchors(server, target.path, draft.path if draft else None, ids, args.max_tokens, threads,
+                              plan.ctx, args.repeats, log=log)
+    elif not args.no_anchors:
+        log("anchors: no llama-server found (scripts/build_llama_server.sh builds one)")
+    result = {"workloads": workloads, "anchors": anchors, "ratios": ratios(workloads, anchors), "costs": costs,
+              "threads": threads, "max_tokens": args.max_tokens, "repeats": args.repeats}
+    if args.json:
+        out.print_json(json.dumps(result))
+    else:
+        table = Table(title="tokens/s (median of repeats)")
+        for col in ("workload", "plain", "draft", "lookup", "adaptive", "adaptive / plain", "server plain", "server draft", "server lookup"):
+            table.add_column(col, justify="right")
+        for kind, modes in workloads.items():
+            cell = lambda m: f"{modes[m]['tok_s']:.1f}" if m in modes and modes[m]["tok_s"] else "-"  # noqa: E731
+            anchor = lambda a: f"{anchors[a][kind]:.1f}" if kind in anchors.get(a, {}) else "-"  # noqa: E731
+            r = result["ratios"][kind].get("adaptive_vs_plain")
+            table.add_row(kind, cell("plain"), cell("draft"), cell("lookup"), cell("adaptive"), f"{r:.2f}" if r else "-",
+                          anchor("llama_server_plain"), anchor("llama_server_draft"), anchor("llama_server_lookup"))
+        out.print(table)
+    return 0
+
+
 # -- wiring ----------------------------------------------------------------------------------
 
 def _add_selection(p: argparse.ArgumentParser) -> None:
@@ -267,6 +317,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ctx", type=int, default=4096, help="context length (default 4096)")
     p.add_argument("--json", action="store_true", help="print the report as one JSON object")
     p.set_defaults(func=cmd_verify, offline=True, verify=False)
+
+    p = sub.add_parser("bench", help="tokens/s plain, with the draft, with lookup and adaptive, next to llama-server")
+    _add_selection(p)
+    p.add_argument("--prompts", metavar="FILE.jsonl", help="your own prompts (as for verify)")
+    p.add_argument("--max-tokens", type=int, default=200, help="tokens per prompt (default 200)")
+    p.add_argument("--repeats", type=int, default=2, help="runs of each workload and mode (default 2)")
+    p.add_argument("--ctx", type=int, default=4096, help="context length (default 4096)")
+    p.add_argument("--threads", type=int, help="threads (default: physical cores)")
+    p.add_argument("--no-anchors", action="store_true", help="skip llama-server")
+    p.add_argument("--json", action="store_true", help="print the result as one JSON object")
+    p.set_defaults(func=cmd_bench, offline=True, verify=False)
     return parser
 
 

@@ -6,6 +6,7 @@ synchronous and single-threaded: one worker owns a context.
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import llama_cpp
@@ -70,9 +71,14 @@ class Context:
         self.mem = llama_cpp.llama_get_memory(self.ptr)
         self.n_ctx = int(llama_cpp.llama_n_ctx(self.ptr))
         self.batch = Batch(p.n_batch, p.n_seq_max)
+        self.decode_seconds = 0.0  # time inside llama_decode (what is not Python)
+        self.decodes = 0
 
     def decode(self, batch: Batch) -> None:
+        t = time.perf_counter()
         rc = llama_cpp.llama_decode(self.ptr, batch.raw)
+        self.decode_seconds += time.perf_counter() - t
+        self.decodes += 1
         if rc != 0:
             raise DecodeError(f"llama_decode failed ({rc}): {_DECODE_ERRORS.get(rc, 'unknown error')}")
 

@@ -7,6 +7,7 @@ One small interface, so the verify / accept / rollback code never changes when a
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -16,6 +17,7 @@ import numpy as np
 from ..llama_ctx import Context
 from . import kv
 from .accept import draw
+from .controller import Choice, Controller
 from .sampling import SamplingParams, TokenSampler
 
 TOP_LOGIT_SPAN = 20.0  # exp(-20) * vocabulary is below 1e-3: ignoring those tokens barely moves p_top
@@ -26,6 +28,9 @@ class Draft:
     tokens: list[int]
     q: list[np.ndarray] | None = None  # the distributions the tokens were drawn from (rejection sampling)
     p_top: list[float] = field(default_factory=list)
+    source: str = ""  # which drafter proposed them
+    match_len: int = 0  # prompt lookup: the n-gram length that matched
+    choice: Choice | None = None  # the controller's decision, when one decided
 
 
 class Drafter(Protocol):
@@ -35,6 +40,10 @@ class Drafter(Protocol):
                 rng: np.random.Generator | None) -> Draft:
         """Up to k tokens that may follow `history`. `sampling` is given for rejection sampling:
         then tokens are drawn from the drafter's own distribution, returned in `q`."""
+        ...
+
+    def accepted(self, seq: int, draft: Draft, n_accepted: int) -> None:
+        """Told after verification how many of the draft's tokens the target kept."""
         ...
 
     def release(self, seq: int) -> None:
@@ -72,7 +81,7 @@ class ModelDrafter:
 
     def propose(self, seq: int, history: Sequence[int], k: int, sampling: SamplingParams | None = None,
                 rng: np.random.Generator | None = None) -> Draft:
-        draft = Draft([], [] if sampling is not None else None)
+        draft = Draft([], [] if sampling is not None else None, source=self.name)
         if k <= 0:
             return draft
         cached = self.cached.setdefault(seq, [])
@@ -104,6 +113,9 @@ class ModelDrafter:
             pos += 1
         return draft
 
+    def accepted(self, seq: int, draft: Draft, n_accepted: int) -> None:
+        pass  # the next propose() brings the cache in step with the new history
+
     def release(self, seq: int) -> None:
         self.cached.pop(seq, None)
         self._samplers.pop(seq, None)
@@ -127,5 +139,100 @@ class ListDrafter:
                 return Draft(toks, [self.q] * len(toks) if (sampling is not None and self.q is not None) else None)
         return Draft([])
 
+    def accepted(self, seq: int, draft: Draft, n_accepted: int) -> None:
+        pass
+
     def release(self, seq: int) -> None:
         pass
+
+
+class LookupDrafter:
+    """Prompt lookup: find the longest recent n-gram that ends the history earlier in the history
+    (prompt and output), and propose what followed it. Free to compute; strong when the answer
+    repeats the prompt (code edits)."""
+
+    name = "lookup"
+
+    def __init__(self, ngram_max: int = 4, ngram_min: int = 2) -> None:
+        self.ngram_max = ngram_max
+        self.ngram_min = ngram_min
+        self._index: dict[int, tuple[list[int], dict[tuple[int, ...], int]]] = {}
+
+    def _indexed(self, seq: int, history: Sequence[int]) -> dict[tuple[int, ...], int]:
+        """n-gram -> the position right after its latest occurrence (excluding the history's end)."""
+        tokens, index = self._index.get(seq, ([], {}))
+        n_old = len(tokens)
+        if n_old > len(history) or list(history[: n_old]) != tokens:  # a new or rewound history
+            tokens, index, n_old = [], {}, 0
+        tokens = list(history)
+        for end in range(max(n_old, 1), len(tokens)):  # an n-gram ending at `end` is followed by tokens[end]
+            for n in range(self.ngram_min, self.ngram_max + 1):
+                if end - n >= 0:
+                    index[tuple(tokens[end - n : end])] = end
+        self._index[seq] = (tokens, index)
+        return index
+
+    def lookup(self, seq: int, history: Sequence[int], k: int) -> tuple[list[int], int]:
+        """(proposed tokens, length of the n-gram that matched)."""
+        if k <= 0 or len(history) < self.ngram_min + 1:
+            return [], 0
+        index = self._indexed(seq, history)
+        for n in range(min(self.ngram_max, len(history) - 1), self.ngram_min - 1, -1):
+            at = index.get(tuple(history[-n:]))
+            if at is not None and at < len(history):
+                return list(history[at : at + k]), n
+        return [], 0
+
+    def propose(self, seq: int, history: Sequence[int], k: int, sampling: SamplingParams | None = None,
+                rng: np.random.Generator | None = None) -> Draft:
+        tokens, n = self.lookup(seq, history, k)
+        return Draft(tokens, None, source=self.name, match_len=n)
+
+    def accepted(self, seq: int, draft: Draft, n_accepted: int) -> None:
+        pass
+
+    def release(self, seq: int) -> None:
+        self._index.pop(seq, None)
+
+
+class AdaptiveDrafter:
+    """Prompt lookup first (free), else the draft model; each only with the draft length the
+    controller expects to beat plain decoding on this machine (often none)."""
+
+    name = "adaptive"
+    LOOKUP_COST = 2e-5  # seconds per proposed token: a dictionary lookup
+
+    def __init__(self, controller: Controller, lookup: LookupDrafter | None, model: ModelDrafter | None) -> None:
+        self.controller = controller
+        self.lookup = lookup
+        self.model = model
+
+    def propose(self, seq: int, history: Sequence[int], k: int, sampling: SamplingParams | None = None,
+                rng: np.random.Generator | None = None) -> Draft:
+        choice = None
+        if self.lookup is not None and k > 0:
+            tokens, n = self.lookup.lookup(seq, history, k)
+            if tokens:
+                choice = self.controller.choose(f"lookup-{n}", len(tokens), self.LOOKUP_COST)
+                if choice.k > 0:
+                    return Draft(tokens[: choice.k], None, source="lookup", match_len=n, choice=choice)
+        if self.model is not None and k > 0:
+            draft_cost = self.controller.costs.draft or self.controller.costs.c_verify(1)
+            choice = self.controller.choose("draft-model", k, draft_cost)
+            if choice.k > 0:
+                t = time.perf_counter()
+                d = self.model.propose(seq, history, choice.k, sampling, rng)
+                if d.tokens:
+                    self.controller.costs.observe_draft((time.perf_counter() - t) / len(d.tokens))
+                d.choice = choice
+                return d
+        return Draft([], source="none", choice=choice)
+
+    def accepted(self, seq: int, draft: Draft, n_accepted: int) -> None:
+        key = f"lookup-{draft.match_len}" if draft.source == "lookup" else draft.source
+        self.controller.observe(key, len(draft.tokens), n_accepted)
+
+    def release(self, seq: int) -> None:
+        for d in (self.lookup, self.model):
+            if d is not None:
+                d.release(seq)

@@ -77,6 +77,7 @@ class Engine:
         self.n_vocab = target.model.n_vocab
         self.window = target.model.swa_window
         self.slots = [Slot(i) for i in range(n_slots)]
+        target.clear()  # the engine owns the context from here: its slots' records are the truth
         # recurrent / hybrid models can roll back only as many tokens as they keep snapshots for
         self.draft_limit = draft_limit if draft_limit is not None else (
             target.params.n_rs_seq if target.model.is_recurrent else 64)
@@ -161,7 +162,11 @@ class Engine:
             seq = [s.tokens[-1]] + drafts[s.id].tokens
             rows[s.id] = [batch.add(tok, base + j, s.id, True) for j, tok in enumerate(seq)]
         self.target.decode(batch)
-        t_verify = (time.perf_counter() - t) / max(1, len(slots))
+        t_verify = time.perf_counter() - t
+        controller = getattr(self.drafter, "controller", None)
+        if controller is not None and len(slots) == 1:  # keep the cost model honest with real steps
+            controller.costs.observe_verify(len(batch), t_verify)
+        t_verify /= max(1, len(slots))
 
         out = []
         for s in slots:
@@ -173,9 +178,13 @@ class Engine:
             if not self.target.seq_rm(s.id, keep, -1):
                 raise SpecdeckError(f"llama.cpp could not roll slot {s.id} back to {keep}")
             s.cached = s.tokens[:base] + [s.tokens[-1]] + d.tokens[: acc.n_accepted]
+            if self.drafter is not None and d.tokens:
+                self.drafter.accepted(s.id, d, acc.n_accepted)
             rec = StepRecord(s.id, acc.tokens, len(d.tokens), acc.n_accepted, ks[s.id],
-                             self.drafter.name if (self.drafter and d.tokens) else "none", t_draft[s.id], t_verify,
-                             time.perf_counter() - t, argmax, gaps)
+                             (d.source or self.drafter.name) if (self.drafter and d.tokens) else "none",
+                             t_draft[s.id], t_verify, time.perf_counter() - t, argmax, gaps)
+            if d.choice is not None:
+                rec.alpha_est, rec.expected_gain, rec.reason = d.choice.alpha, d.choice.gain, d.choice.reason
             self._emit(s, rec)
             out.append(rec)
         return out

@@ -20,6 +20,10 @@ class StepRecord:
     target_argmax: list[int] | None = None
     top2_gap: list[float] | None = None
     finish_reason: str | None = None
+    # the controller's reasons, when one chose k
+    alpha_est: float | None = None
+    expected_gain: float | None = None
+    reason: str = ""
 
 
 @dataclass

@@ -1,0 +1,173 @@
+"""Choosing the draft length per step: measured costs, estimated acceptance, best expected speed.
+
+    E[tokens | k, a] = (1 - a^(k+1)) / (1 - a)        tokens per step with k drafts, acceptance a
+    cost(k)          = k * c_draft + c_verify(k + 1)   seconds per step (c_draft = 0 for lookup)
+    choose k in 0..k_max maximising E / cost; k = 0 is plain decoding (1 token per c_verify(1)).
+
+Costs are measured on the machine at start (`calibrate`) and refreshed from every real step;
+acceptance is estimated per drafter (and per lookup match length) from the steps it drafted.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field
+
+from ..llama_ctx import Context
+
+EMA = 0.9  # weight of the past in running estimates
+OPTIMISTIC_ALPHA = 0.95  # probing a drafter only makes sense if it would pay at this acceptance
+
+
+@dataclass
+class Choice:
+    k: int
+    alpha: float
+    expected_tokens: float
+    cost: float
+    gain: float  # expected tokens/s relative to plain decoding
+    reason: str
+
+
+@dataclass
+class CostModel:
+    """Seconds per target decode of n tokens, and per draft-model token."""
+
+    verify: dict[int, float] = field(default_factory=dict)
+    draft: float | None = None
+
+    def c_verify(self, n: int) -> float:
+        if n in self.verify:
+            return self.verify[n]
+        known = sorted(self.verify)
+        if not known:
+            return float(n)  # uncalibrated: assume linear
+        if n > known[-1]:  # extrapolate with the last measured slope
+            if len(known) >= 2:
+                a, b = known[-2], known[-1]
+                slope = max((self.verify[b] - self.verify[a]) / (b - a), 0.0)
+            else:
+                slope = self.verify[known[-1]]
+            return self.verify[known[-1]] + slope * (n - known[-1])
+        lo = max(x for x in known if x < n)
+        hi = min(x for x in known if x > n)
+        t = (n - lo) / (hi - lo)
+        return self.verify[lo] * (1 - t) + self.verify[hi] * t
+
+    def observe_verify(self, n: int, seconds: float) -> None:
+        old = self.verify.get(n)
+        self.verify[n] = seconds if old is None else EMA * old + (1 - EMA) * seconds
+
+    def observe_draft(self, seconds_per_token: float) -> None:
+        self.draft = seconds_per_token if self.draft is None else EMA * self.draft + (1 - EMA) * seconds_per_token
+
+
+@dataclass
+class Acceptance:
+    """Per-token acceptance a, from steps: kept drafts count as successes, a rejection as a failure."""
+
+    kept: float = 2.0  # a weak prior: a = 0.5
+    rejected: float = 2.0
+
+    @property
+    def alpha(self) -> float:
+        return self.kept / (self.kept + self.rejected)
+
+    def observe(self, drafted: int, accepted: int) -> None:
+        self.kept = EMA * self.kept + accepted
+        self.rejected = EMA * self.rejected + (1 if accepted < drafted else 0)
+
+
+def expected_tokens(k: int, a: float) -> float:
+    if k <= 0:
+        return 1.0
+    if a >= 1.0:
+        return k + 1.0
+    return (1 - a ** (k + 1)) / (1 - a)
+
+
+class Controller:
+    def __init__(self, costs: CostModel, probe_every: int = 32) -> None:
+        self.costs = costs
+        self.acceptance: dict[str, Acceptance] = {}
+        self.probe_every = probe_every
+        self._idle: dict[str, int] = {}
+
+    def alpha(self, key: str) -> float:
+        return self.acceptance.setdefault(key, Acceptance()).alpha
+
+    def choose(self, key: str, k_max: int, draft_cost: float) -> Choice:
+        """The best k in 0..k_max for a drafter whose tokens cost `draft_cost` seconds each."""
+        a = self.alpha(key)
+        plain = 1.0 / self.costs.c_verify(1)
+        best = Choice(0, a, 1.0, self.costs.c_verify(1), 1.0, "plain decoding is fastest")
+        for k in range(1, k_max + 1):
+            e = expected_tokens(k, a)
+            cost = k * draft_cost + self.costs.c_verify(k + 1)
+            gain = e / cost / plain
+            if gain > best.gain:
+                best = Choice(k, a, e, cost, gain, f"{key}: a={a:.2f}, {e:.2f} tokens per {cost * 1e3:.1f} ms")
+        if best.k == 0 and k_max > 0 and self._could_pay(k_max, draft_cost):
+            # now and then try once, so a changed acceptance is noticed (only where it could pay at all)
+            idle = self._idle.get(key, 0) + 1
+            self._idle[key] = idle
+            if idle >= self.probe_every:
+                self._idle[key] = 0
+                k = min(2, k_max)
+                return Choice(k, a, expected_tokens(k, a), k * draft_cost + self.costs.c_verify(k + 1), 0.0, f"{key}: probe")
+        else:
+            self._idle[key] = 0
+        return best
+
+    def _could_pay(self, k_max: int, draft_cost: float, a: float = OPTIMISTIC_ALPHA) -> bool:
+        plain = 1.0 / self.costs.c_verify(1)
+        return any(expected_tokens(k, a) / (k * draft_cost + self.costs.c_verify(k + 1)) > plain * 1.05
+                   for k in range(1, k_max + 1))
+
+    def observe(self, key: str, drafted: int, accepted: int) -> None:
+        if drafted:
+            self.acceptance.setdefault(key, Acceptance()).observe(drafted, accepted)
+
+
+def calibrate(target: Context, draft: Context | None, k_max: int, reps: int = 3, seq: int = 0) -> CostModel:
+    """Time target decodes of n = 1..k_max+1 tokens and single draft tokens, on a scratch sequence."""
+    costs = CostModel()
+    prefix = 64
+    for ctx in [target] + ([draft] if draft else []):
+        ctx.seq_rm(seq, 0, -1)
+        b = ctx.batch
+        b.clear()
+        for pos in range(prefix):
+            b.add(pos % 100 + 5, pos, seq, pos == prefix - 1)
+        ctx.decode(b)
+    pos = prefix
+    for n in range(1, k_max + 2):
+        times = []
+        for _ in range(reps):
+            b = target.batch
+            b.clear()
+            for j in range(n):
+                b.add((pos + j) % 100 + 5, pos + j, seq, True)
+            t = time.perf_counter()
+            target.decode(b)
+            target.synchronize()
+            times.append(time.perf_counter() - t)
+            pos += n
+        costs.verify[n] = statistics.median(times)
+    if draft is not None:
+        times = []
+        dpos = prefix
+        for _ in range(reps * 2):
+            b = draft.batch
+            b.clear()
+            b.add(dpos % 100 + 5, dpos, seq, True)
+            t = time.perf_counter()
+            draft.decode(b)
+            draft.synchronize()
+            times.append(time.perf_counter() - t)
+            dpos += 1
+        costs.draft = statistics.median(times)
+    for ctx in [target] + ([draft] if draft else []):
+        ctx.seq_rm(seq, 0, -1)
+    return costs

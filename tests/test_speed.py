@@ -1,0 +1,115 @@
+"""Drafters and the controller that picks the draft length (pure parts on plain data; the rest on tiny models)."""
+
+import json
+
+import pytest
+
+from app.engine.controller import Acceptance, Controller, CostModel, calibrate, expected_tokens
+from app.engine.drafter import AdaptiveDrafter, LookupDrafter, ModelDrafter
+from app.engine.engine import Engine, Request, SpecParams
+from app.llama_ctx import Context, Model
+from app.planner import ModelParams
+from conftest import run_cli
+
+
+def test_lookup_proposes_what_followed_the_longest_match():
+    d = LookupDrafter(ngram_max=4, ngram_min=2)
+    h = [1, 2, 3, 4, 5, 6, 7, 8, 2, 3, 4]
+    assert d.propose(0, h, 3).tokens == [5, 6, 7] and d.propose(0, h, 3).match_len == 3
+    assert d.propose(0, h + [5, 6], 3).tokens == [7, 8, 2]  # the index grows with the history
+    assert d.propose(0, [9, 8, 7, 6], 3).tokens == []  # a new history: rebuilt, nothing repeats
+    assert d.propose(0, h, 0).tokens == []
+
+
+def test_expected_tokens_formula():
+    assert expected_tokens(0, 0.9) == 1.0
+    assert expected_tokens(3, 1.0) == 4.0
+    assert expected_tokens(2, 0.5) == pytest.approx(1 + 0.5 + 0.25)
+
+
+def cpu_costs() -> CostModel:
+    """This machine's measured target costs (FACTS.md): verifying k tokens costs nearly k times one."""
+    return CostModel(verify={1: 0.0336, 2: 0.049, 3: 0.065, 4: 0.080, 5: 0.099, 9: 0.173}, draft=0.020)
+
+
+def gpu_like_costs() -> CostModel:
+    """A memory-bound 27B on a GPU: verifying 8 tokens costs little more than one; a draft token is cheap."""
+    return CostModel(verify={1: 0.025, 2: 0.0255, 5: 0.027, 9: 0.030, 17: 0.036}, draft=0.0015)
+
+
+def test_controller_keeps_the_draft_model_idle_where_it_cannot_pay():
+    c = Controller(cpu_costs())
+    for _ in range(20):
+        c.observe("draft-model", 8, 8)  # even perfect acceptance
+    choice = c.choose("draft-model", 8, 0.020)
+    assert choice.k == 0 and choice.gain == 1.0
+    assert all(c.choose("draft-model", 8, 0.020).k == 0 for _ in range(100))  # and never probes: it could not pay
+
+
+def test_controller_drafts_long_where_verify_is_cheap():
+    c = Controller(gpu_like_costs())
+    for _ in range(20):
+        c.observe("draft-model", 8, 7)
+    choice = c.choose("draft-model", 16, 0.0015)
+    assert choice.k >= 6 and choice.gain > 2.0
+    assert "a=" in choice.reason
+
+
+def test_controller_uses_lookup_when_it_is_reliable_and_stops_when_not():
+    c = Controller(cpu_costs())
+    for _ in range(30):
+        c.observe("lookup-4", 5, 5)
+    assert c.choose("lookup-4", 8, 2e-5).k >= 2
+    for _ in range(60):
+        c.observe("lookup-4", 3, 0)
+    assert c.choose("lookup-4", 8, 2e-5).k == 0
+
+
+def test_acceptance_estimate_follows_recent_steps():
+    a = Acceptance()
+    for _ in range(50):
+        a.observe(4, 4)
+    high = a.alpha
+    for _ in range(50):
+        a.observe(4, 1)
+    assert high > 0.9 and a.alpha < 0.6
+
+
+def test_cost_model_interpolates_and_extrapolates():
+    m = CostModel(verify={1: 1.0, 3: 3.0})
+    assert m.c_verify(2) == pytest.approx(2.0) and m.c_verify(5) == pytest.approx(5.0)
+    m.observe_verify(1, 2.0)
+    assert 1.0 < m.c_verify(1) < 2.0
+
+
+def test_adaptive_drafter_on_a_repeating_text(tiny):
+    """The tiny model's greedy output falls into loops: lookup finds them, the controller (with costs
+    calibrated on this machine) uses it, and every emitted token is still the target's own argmax."""
+    m = Model(tiny.target)
+    p = ModelParams(1024, 512, 512, 1, True, "f16", "f16", True, False, 0, 0)
+    tc, dc = Context(m, p, 1), Context(Model(tiny.draft), p, 1)
+    prompt = [1] + list(range(300, 316))
+    plain = [t for s in Engine(tc, None, 1).generate(Request(prompt=prompt, max_tokens=150, speculative=SpecParams(enabled=False)))
+             for t in s.tokens]
+    eng = Engine(tc, AdaptiveDrafter(Controller(calibrate(tc, dc, 8)), LookupDrafter(), ModelDrafter(dc)), 1)
+    steps = list(eng.generate(Request(prompt=prompt, max_tokens=150, trace=True)))
+    assert all(s.tokens == s.target_argmax for s in steps)
+    used = {s.drafter for s in steps}
+    assert "lookup" in used and len(plain) == 150
+    assert all(s.reason and s.alpha_est is not None for s in steps if s.drafter == "lookup")
+    assert eng.slots[0].record.tokens_per_decode > 1.2 and max(s.drafted for s in steps) >= 2  # longer as a rises
+
+
+def test_bench_json_shape_on_tiny_models(tiny, tmp_path):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": "a b c the def a b c the def", "kind": "code-edit"}\n{"prompt": "x y", "kind": "prose"}\n')
+    p = run_cli("bench", "--target", str(tiny.target), "--draft", str(tiny.draft), "--prompts", str(prompts),
+                "--max-tokens", "30", "--repeats", "1", "--no-anchors", "--ctx", "512", "--json")
+    assert p.returncode == 0, p.stderr
+    j = json.loads(p.stdout)
+    assert set(j["workloads"]) == {"code-edit", "prose"} and j["anchors"] == {}
+    for modes in j["workloads"].values():
+        assert set(modes) == {"plain", "draft", "lookup", "adaptive"}
+        for m in modes.values():
+            assert m["tok_s"] > 0 and "acceptance" in m and m["tokens_per_decode"] >= 1
+    assert "adaptive_vs_plain" in j["ratios"]["prose"]
