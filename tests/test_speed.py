@@ -83,21 +83,23 @@ def test_cost_model_interpolates_and_extrapolates():
 
 
 def test_adaptive_drafter_on_a_repeating_text(tiny):
-    """The tiny model's greedy output falls into loops: lookup finds them, the controller (with costs
-    calibrated on this machine) uses it, and every emitted token is still the target's own argmax."""
+    """The tiny model's greedy output falls into loops: lookup finds them, the controller drafts
+    longer as its acceptance estimate rises, and every emitted token is still the target's own argmax."""
     m = Model(tiny.target)
     p = ModelParams(1024, 512, 512, 1, True, "f16", "f16", True, False, 0, 0)
     tc, dc = Context(m, p, 1), Context(Model(tiny.draft), p, 1)
     prompt = [1] + list(range(300, 316))
     plain = [t for s in Engine(tc, None, 1).generate(Request(prompt=prompt, max_tokens=150, speculative=SpecParams(enabled=False)))
              for t in s.tokens]
-    eng = Engine(tc, AdaptiveDrafter(Controller(calibrate(tc, dc, 8)), LookupDrafter(), ModelDrafter(dc)), 1)
+    costs = calibrate(tc, dc, 8)  # runs on this machine; the choices below use fixed costs, not timings
+    assert costs.verify[1] > 0 and costs.draft > 0 and len(costs.verify) == 9
+    eng = Engine(tc, AdaptiveDrafter(Controller(gpu_like_costs(), learn_costs=False), LookupDrafter(), None), 1)
     steps = list(eng.generate(Request(prompt=prompt, max_tokens=150, trace=True)))
     assert all(s.tokens == s.target_argmax for s in steps)
     used = {s.drafter for s in steps}
     assert "lookup" in used and len(plain) == 150
     assert all(s.reason and s.alpha_est is not None for s in steps if s.drafter == "lookup")
-    assert eng.slots[0].record.tokens_per_decode > 1.2 and max(s.drafted for s in steps) >= 2  # longer as a rises
+    assert eng.slots[0].record.tokens_per_decode > 1.5 and max(s.drafted for s in steps) >= 4  # longer as a rises
 
 
 def test_bench_json_shape_on_tiny_models(tiny, tmp_path):

@@ -88,8 +88,9 @@ def expected_tokens(k: int, a: float) -> float:
 
 
 class Controller:
-    def __init__(self, costs: CostModel, probe_every: int = 32) -> None:
+    def __init__(self, costs: CostModel, probe_every: int = 32, learn_costs: bool = True) -> None:
         self.costs = costs
+        self.learn_costs = learn_costs  # refresh costs from real steps (off: fixed costs, for tests)
         self.acceptance: dict[str, Acceptance] = {}
         self.probe_every = probe_every
         self._idle: dict[str, int] = {}

@@ -222,7 +222,7 @@ class AdaptiveDrafter:
             if choice.k > 0:
                 t = time.perf_counter()
                 d = self.model.propose(seq, history, choice.k, sampling, rng)
-                if d.tokens:
+                if d.tokens and self.controller.learn_costs:
                     self.controller.costs.observe_draft((time.perf_counter() - t) / len(d.tokens))
                 d.choice = choice
                 return d
