@@ -24,6 +24,7 @@ from .verify import prompt_tokens
 
 MODES = ("plain", "draft", "lookup", "adaptive")
 DRAFT_N_MAX, DRAFT_P_MIN = 8, 0.75  # llama-server's best setting here (FACTS: n-max 8, p-min 0.75)
+ADAPTIVE_N_MAX = 16  # the controller may go this long (lookup proposals are free to make)
 
 
 @dataclass
@@ -55,8 +56,8 @@ def _drafters(loaded: Loaded, controller: Controller) -> dict:
 def run_engine(loaded: Loaded, prompts: list[dict], max_tokens: int, repeats: int, modes=MODES, log=print) -> tuple[dict, dict]:
     """{kind: {mode: summary}}, and the calibrated costs."""
     t = time.perf_counter()
-    costs = calibrate(loaded.target, loaded.draft, DRAFT_N_MAX)
-    log(f"calibrated in {time.perf_counter() - t:.1f} s: c_verify(1..{DRAFT_N_MAX + 1}) ms "
+    costs = calibrate(loaded.target, loaded.draft, ADAPTIVE_N_MAX)
+    log(f"calibrated in {time.perf_counter() - t:.1f} s: c_verify(1..{ADAPTIVE_N_MAX + 1}) ms "
         + " ".join(f"{costs.verify[n] * 1e3:.1f}" for n in sorted(costs.verify))
         + (f"; c_draft {costs.draft * 1e3:.1f} ms" if costs.draft else ""))
     controller = Controller(costs)
@@ -71,11 +72,12 @@ def run_engine(loaded: Loaded, prompts: list[dict], max_tokens: int, repeats: in
                 drafter = drafters[mode]
                 if mode != "plain" and drafter is None:
                     continue
-                engine = Engine(loaded.target, drafter, 1, draft_limit=DRAFT_N_MAX)
+                n_max = ADAPTIVE_N_MAX if mode == "adaptive" else DRAFT_N_MAX
+                engine = Engine(loaded.target, drafter, 1, draft_limit=n_max)
                 d_ctx = loaded.draft
                 d0 = (d_ctx.decode_seconds if d_ctx else 0.0)
                 req = Request(prompt=ids, max_tokens=max_tokens, stop_tokens=tok.stop_tokens,
-                              speculative=SpecParams(enabled=mode != "plain", n_max=DRAFT_N_MAX))
+                              speculative=SpecParams(enabled=mode != "plain", n_max=n_max))
                 for _ in engine.generate(req):
                     pass
                 r = engine.slots[0].record

@@ -220,7 +220,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     target = read_model_info(_local_path(fetcher, sel.target))
     draft = read_model_info(_local_path(fetcher, sel.draft)) if sel.draft else None
     hw = detect()
-    plan = make_plan(target, draft, PlanRequest(ctx=args.ctx, ctx_is_user_choice=True, parallel=1, draft_max=8), hw, args.ctx)
+    plan = make_plan(target, draft, PlanRequest(ctx=args.ctx, ctx_is_user_choice=True, parallel=1, draft_max=16), hw, args.ctx)
     threads = args.threads or hw.cpu_count
     log = (lambda *a, **k: console.print(*a, **k)) if args.json else (lambda *a, **k: out.print(*a, **k))
     loaded = load(plan, target, draft, threads)
@@ -254,6 +254,42 @@ def cmd_bench(args: argparse.Namespace) -> int:
                           anchor("llama_server_plain"), anchor("llama_server_draft"), anchor("llama_server_lookup"))
         out.print(table)
     return 0
+
+
+# -- serve -----------------------------------------------------------------------------------
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import logging
+
+    from .server.serve import serve
+    from .server.settings import load_settings, read_key_file
+
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    for noisy in ("httpx", "uvicorn.error"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    config = Path(args.config) if args.config else paths().config_dir / "config.toml"
+    overrides = {"host": args.host, "port": args.port, "max_queue": args.max_queue, "draft_max": args.draft_max,
+                 "cors_origins": args.cors_origin, "log_prompts": args.log_prompts or None,
+                 "speculative": False if args.no_speculative else None}
+    if args.api_key_file:
+        overrides["api_key"] = read_key_file(Path(args.api_key_file))
+    settings = load_settings(config if args.config or config.exists() else None, overrides)
+    settings.check()
+    catalog = _catalog(args)
+    sel = _selection(args, catalog)
+    fetcher = _fetcher(args)
+    target = read_model_info(_local_path(fetcher, sel.target))
+    draft = read_model_info(_local_path(fetcher, sel.draft)) if sel.draft and settings.speculative else None
+    hw = detect()
+    req = PlanRequest(ctx=args.ctx, ctx_is_user_choice=args.ctx is not None, parallel=args.parallel,
+                      n_gpu_layers=args.n_gpu_layers, draft_max=settings.draft_max,
+                      cache_type_k=args.cache_type_k or args.cache_type, cache_type_v=args.cache_type_v or args.cache_type)
+    plan = make_plan(target, draft, req, hw, sel.context)
+    for w in plan.warnings:
+        console.print(f"[yellow]warning:[/] {w}")
+    console.print(f"serving {sel.name} on http://{settings.host}:{settings.port} (context {plan.ctx:,}, "
+                  f"{plan.parallel} slots, speculation {'on' if settings.speculative and draft else 'lookup only' if settings.speculative else 'off'})")
+    return serve(settings, plan, target, draft, args.threads or hw.cpu_count, sel.name)
 
 
 # -- wiring ----------------------------------------------------------------------------------
@@ -328,6 +364,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-anchors", action="store_true", help="skip llama-server")
     p.add_argument("--json", action="store_true", help="print the result as one JSON object")
     p.set_defaults(func=cmd_bench, offline=True, verify=False)
+
+    p = sub.add_parser("serve", help="serve the pair behind an OpenAI-compatible API")
+    _add_selection(p)
+    p.add_argument("--host", help="address to bind (default 127.0.0.1; another needs an API key)")
+    p.add_argument("--port", type=int, help="port (default 8000)")
+    p.add_argument("--api-key-file", help="file holding the API key (or set SPECDECK_API_KEY)")
+    p.add_argument("--config", help="TOML config file (default: ~/.config/specdeck/config.toml if present)")
+    p.add_argument("--ctx", type=int, help="context length (default: the preset's, shrunk to fit)")
+    p.add_argument("--cache-type", help="K and V cache type")
+    p.add_argument("--cache-type-k", help="K cache type")
+    p.add_argument("--cache-type-v", help="V cache type")
+    p.add_argument("--parallel", type=int, help="concurrent slots")
+    p.add_argument("--n-gpu-layers", type=int, help="target layers on the GPU")
+    p.add_argument("--threads", type=int, help="CPU threads (default: physical cores)")
+    p.add_argument("--draft-max", type=int, help="most tokens drafted per step (default 8)")
+    p.add_argument("--max-queue", type=int, help="queued requests beyond busy slots before 429 (default 16)")
+    p.add_argument("--cors-origin", action="append", help="allow this origin (repeatable; CORS is off otherwise)")
+    p.add_argument("--no-speculative", action="store_true", help="start with speculation off")
+    p.add_argument("--log-prompts", action="store_true", help="log request text (off by default)")
+    p.set_defaults(func=cmd_serve, offline=True, verify=False)
     return parser
 
 

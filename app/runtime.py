@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from .engine.drafter import ModelDrafter
+from .engine.controller import Controller, calibrate
+from .engine.drafter import AdaptiveDrafter, LookupDrafter, ModelDrafter
 from .engine.engine import Engine
 from .engine.text import Tokenizer
 from .gguf_info import ModelInfo
@@ -27,11 +28,17 @@ class Loaded:
                 c.model.close()
 
 
-def load(plan: Plan, target: ModelInfo, draft: ModelInfo | None, threads: int) -> Loaded:
+def load(plan: Plan, target: ModelInfo, draft: ModelInfo | None, threads: int, adaptive: bool = False) -> Loaded:
+    """Target and draft contexts from the plan, and an engine over them. `adaptive`: prompt lookup
+    and the draft model behind the controller, with costs calibrated on this machine now."""
     tm = Model(Path(target.path), plan.target.n_gpu_layers)
     tc = Context(tm, plan.target, threads)
     dc = None
     if draft is not None and plan.draft is not None:
         dc = Context(Model(Path(draft.path), plan.draft.n_gpu_layers), plan.draft, threads)
-    engine = Engine(tc, ModelDrafter(dc) if dc else None, plan.parallel, draft_limit=plan.draft_max)
+    drafter = ModelDrafter(dc) if dc else None
+    if adaptive:
+        controller = Controller(calibrate(tc, dc, plan.draft_max))
+        drafter = AdaptiveDrafter(controller, LookupDrafter(), drafter)
+    engine = Engine(tc, drafter, plan.parallel, draft_limit=plan.draft_max)
     return Loaded(engine, Tokenizer(tm, target.vocab.chat_template), tc, dc)

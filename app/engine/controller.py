@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from ..llama_ctx import Context
 
 EMA = 0.9  # weight of the past in running estimates
+TRIAL_DECAY = 0.85  # weight of an acceptance observation after one more trial
 OPTIMISTIC_ALPHA = 0.95  # probing a drafter only makes sense if it would pay at this acceptance
 
 
@@ -65,18 +66,22 @@ class CostModel:
 
 @dataclass
 class Acceptance:
-    """Per-token acceptance a, from steps: kept drafts count as successes, a rejection as a failure."""
+    """Per-token acceptance a: each drafted position the target judged is one trial (kept drafts
+    are successes, the first rejection a failure; later positions were never judged). Old trials
+    fade by TRIAL_DECAY each, so a drafter that stops matching is noticed within a few steps."""
 
-    kept: float = 2.0  # a weak prior: a = 0.5
-    rejected: float = 2.0
+    kept: float = 1.0  # a weak prior: a = 0.5
+    rejected: float = 1.0
 
     @property
     def alpha(self) -> float:
         return self.kept / (self.kept + self.rejected)
 
     def observe(self, drafted: int, accepted: int) -> None:
-        self.kept = EMA * self.kept + accepted
-        self.rejected = EMA * self.rejected + (1 if accepted < drafted else 0)
+        rejected = 1 if accepted < drafted else 0
+        fade = TRIAL_DECAY ** (accepted + rejected)
+        self.kept = self.kept * fade + accepted
+        self.rejected = self.rejected * fade + rejected
 
 
 def expected_tokens(k: int, a: float) -> float:
@@ -131,44 +136,43 @@ class Controller:
             self.acceptance.setdefault(key, Acceptance()).observe(drafted, accepted)
 
 
+def _prefix(ctx: Context, seq: int, n: int) -> None:
+    ctx.seq_rm(seq, 0, -1)
+    b = ctx.batch
+    b.clear()
+    for pos in range(n):
+        b.add(pos % 100 + 5, pos, seq, pos == n - 1)
+    ctx.decode(b)
+
+
+def _time_decode(ctx: Context, seq: int, start: int, n: int, prefix: int) -> float:
+    """One timed decode of n tokens at `start`, then back to the prefix (cleared and rebuilt where
+    the cache cannot drop them, as with recurrent state)."""
+    b = ctx.batch
+    b.clear()
+    for j in range(n):
+        b.add((start + j) % 100 + 5, start + j, seq, True)
+    t = time.perf_counter()
+    ctx.decode(b)
+    ctx.synchronize()
+    elapsed = time.perf_counter() - t
+    if not ctx.seq_rm(seq, start, -1):
+        _prefix(ctx, seq, prefix)
+    return elapsed
+
+
 def calibrate(target: Context, draft: Context | None, k_max: int, reps: int = 3, seq: int = 0) -> CostModel:
-    """Time target decodes of n = 1..k_max+1 tokens and single draft tokens, on a scratch sequence."""
+    """Time target decodes of n = 1..k_max+1 tokens (logits for all, as in a verify step) and single
+    draft tokens, after a short prefix, on a scratch sequence that is cleared afterwards."""
     costs = CostModel()
-    prefix = 64
+    prefix = min(64, target.n_ctx // 4)
+    k_max = min(k_max, target.n_ctx - prefix - 2)
     for ctx in [target] + ([draft] if draft else []):
-        ctx.seq_rm(seq, 0, -1)
-        b = ctx.batch
-        b.clear()
-        for pos in range(prefix):
-            b.add(pos % 100 + 5, pos, seq, pos == prefix - 1)
-        ctx.decode(b)
-    pos = prefix
+        _prefix(ctx, seq, prefix)
     for n in range(1, k_max + 2):
-        times = []
-        for _ in range(reps):
-            b = target.batch
-            b.clear()
-            for j in range(n):
-                b.add((pos + j) % 100 + 5, pos + j, seq, True)
-            t = time.perf_counter()
-            target.decode(b)
-            target.synchronize()
-            times.append(time.perf_counter() - t)
-            pos += n
-        costs.verify[n] = statistics.median(times)
+        costs.verify[n] = statistics.median(_time_decode(target, seq, prefix, n, prefix) for _ in range(reps))
     if draft is not None:
-        times = []
-        dpos = prefix
-        for _ in range(reps * 2):
-            b = draft.batch
-            b.clear()
-            b.add(dpos % 100 + 5, dpos, seq, True)
-            t = time.perf_counter()
-            draft.decode(b)
-            draft.synchronize()
-            times.append(time.perf_counter() - t)
-            dpos += 1
-        costs.draft = statistics.median(times)
+        costs.draft = statistics.median(_time_decode(draft, seq, prefix, 1, prefix) for _ in range(reps * 2))
     for ctx in [target] + ([draft] if draft else []):
         ctx.seq_rm(seq, 0, -1)
     return costs

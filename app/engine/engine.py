@@ -79,8 +79,9 @@ class Engine:
         self.slots = [Slot(i) for i in range(n_slots)]
         target.clear()  # the engine owns the context from here: its slots' records are the truth
         # recurrent / hybrid models can roll back only as many tokens as they keep snapshots for
-        self.draft_limit = draft_limit if draft_limit is not None else (
-            target.params.n_rs_seq if target.model.is_recurrent else 64)
+        self.draft_limit = draft_limit if draft_limit is not None else 64
+        if target.model.is_recurrent:
+            self.draft_limit = min(self.draft_limit, target.params.n_rs_seq)
         if drafter is not None and target.model.is_recurrent and not can_roll_back(target):
             raise SpecdeckError(
                 f"{target.model.path.name} has recurrent layers and this context cannot roll them back "

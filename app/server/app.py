@@ -1,0 +1,408 @@
+"""The FastAPI app, built by `create_app(settings, service)`: OpenAI routes, llama.cpp's /infill,
+health, status and Prometheus metrics. Handlers only translate and enqueue; the scheduler's
+worker thread owns the engine."""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+import os
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import psutil
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.middleware.cors import CORSMiddleware
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from prometheus_client import generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from .. import __version__
+from ..engine.engine import Request as EngineRequest
+from ..engine.engine import SpecParams
+from ..engine.records import RequestRecord, StepRecord
+from ..engine.sampling import SamplingParams
+from ..engine.text import Tokenizer
+from ..hardware import read_gpus
+from .metrics import Metrics
+from .scheduler import Done, Failed, Job, QueueFull, Scheduler
+from .schemas import ChatRequest, CompletionRequest, InfillRequest, Sampling
+from .settings import ServeSettings
+from .textstream import TextStream
+
+log = logging.getLogger("specdeck.server")
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, type_: str = "invalid_request_error", param: str | None = None,
+                 headers: dict | None = None) -> None:
+        self.status, self.message, self.type, self.param, self.headers = status, message, type_, param, headers or {}
+
+
+def error_body(message: str, type_: str, param: str | None = None, code: str | None = None) -> dict:
+    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
+
+
+@dataclass
+class Service:
+    """What the app serves: a scheduler over an engine, its tokenizer, the plan and names.
+    Until the models are loaded (`ready`), generation answers 503 and /health says loading."""
+
+    model_id: str
+    scheduler: Scheduler | None = None
+    tokenizer: Tokenizer | None = None
+    n_ctx: int = 0
+    plan: dict = field(default_factory=dict)
+    models: dict = field(default_factory=dict)
+    ready: bool = False
+    speculative_default: bool = True
+
+
+def create_app(settings: ServeSettings, service: Service) -> FastAPI:
+    app = FastAPI(title="specdeck", version=__version__, description="OpenAI-compatible API over a speculative llama.cpp engine")
+    metrics = Metrics()
+    app.state.service, app.state.metrics, app.state.settings = service, metrics, settings
+    app.state.count = lambda job, rec: _count(metrics, rec)  # the scheduler reports finished requests here
+    if settings.cors_origins:
+        app.add_middleware(CORSMiddleware, allow_origins=settings.cors_origins, allow_methods=["*"], allow_headers=["*"])
+
+    @app.middleware("http")
+    async def auth_and_log(request: Request, call_next):
+        t = time.perf_counter()
+        key = settings.api_key
+        if key and request.url.path not in ("/health",) and request.method != "OPTIONS":
+            given = request.headers.get("authorization", "")
+            token = given[7:] if given.lower().startswith("bearer ") else request.headers.get("x-api-key", "")
+            if not hmac.compare_digest(token.encode(), key.encode()):
+                metrics.requests.labels(request.url.path, "401").inc()
+                return JSONResponse(error_body("invalid or missing API key", "authentication_error", code="invalid_api_key"), 401)
+        response = await call_next(request)
+        metrics.requests.labels(request.url.path, str(response.status_code)).inc()
+        log.info(json.dumps({"path": request.url.path, "status": response.status_code,
+                             "ms": round((time.perf_counter() - t) * 1e3, 1)}))
+        return response
+
+    @app.exception_handler(ApiError)
+    async def api_error(_: Request, e: ApiError):
+        metrics.errors.labels(e.type).inc()
+        return JSONResponse(error_body(e.message, e.type, e.param), e.status, headers=e.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def bad_request(_: Request, e: RequestValidationError):
+        first = e.errors()[0] if e.errors() else {"loc": (), "msg": "invalid request"}
+        param = ".".join(str(x) for x in first.get("loc", ()) if x != "body") or None
+        metrics.errors.labels("invalid_request_error").inc()
+        return JSONResponse(error_body(f"{param or 'body'}: {first.get('msg')}", "invalid_request_error", param), 400)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, e: StarletteHTTPException):
+        return JSONResponse(error_body(str(e.detail), "invalid_request_error"), e.status_code)
+
+    # -- health, status, metrics -------------------------------------------------------------
+
+    @app.get("/health")
+    async def health():
+        if not service.ready:
+            return JSONResponse({"status": "loading"}, 503)
+        return {"status": "ok"}
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [{"id": service.model_id, "object": "model", "created": 0, "owned_by": "specdeck"}]}
+
+    @app.get("/v1/status")
+    async def status():
+        _require_ready(service)
+        return _status(service, metrics)
+
+    @app.get("/metrics")
+    async def prometheus():
+        if service.ready:
+            _refresh_gauges(service, metrics)
+        return PlainTextResponse(generate_latest(metrics.registry).decode(), media_type=CONTENT_TYPE_LATEST)
+
+    # -- generation ------------------------------------------------------------------------------
+
+    @app.post("/v1/chat/completions")
+    async def chat(body: ChatRequest, request: Request):
+        _require_ready(service)
+        _check_model(body, service)
+        messages = [{"role": m.role, "content": m.text()} for m in body.messages]
+        try:
+            ids = service.tokenizer.chat_tokens(messages)
+        except Exception as e:  # noqa: BLE001 - a template that cannot render these messages
+            raise ApiError(400, f"cannot render these messages with the model's chat template: {e}") from None
+        return await _generate(request, service, settings, metrics, body, ids, "chat")
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest, request: Request):
+        _require_ready(service)
+        _check_model(body, service)
+        ids = _completion_tokens(service.tokenizer, body)
+        return await _generate(request, service, settings, metrics, body, ids, "text")
+
+    @app.post("/infill")
+    async def infill(body: InfillRequest, request: Request):
+        _require_ready(service)
+        ids = _fim_tokens(service.tokenizer, body.input_prefix + body.prompt, body.input_suffix, body.input_extra)
+        sampling = Sampling(temperature=body.temperature, top_k=body.top_k, top_p=body.top_p, min_p=body.min_p,
+                            seed=body.seed, stop=body.stop or None, stream=body.stream, speculative=body.speculative,
+                            max_tokens=body.n_predict if body.n_predict and body.n_predict > 0 else None)
+        return await _generate(request, service, settings, metrics, sampling, ids, "infill")
+
+    return app
+
+
+# -- helpers --------------------------------------------------------------------------------------
+
+def _require_ready(service: Service) -> None:
+    if not service.ready:
+        raise ApiError(503, "the models are still loading", "server_error", headers={"Retry-After": "5"})
+
+
+def _check_model(body: Sampling, service: Service) -> None:
+    if body.model and body.model not in (service.model_id, "specdeck") and body.model not in service.models:
+        raise ApiError(404, f"model '{body.model}' is not served here (served: {service.model_id})", "not_found_error",
+                       "model")
+
+
+def _completion_tokens(tok: Tokenizer, body: CompletionRequest) -> list[int]:
+    prompt = body.prompt
+    if isinstance(prompt, list) and prompt and all(isinstance(x, int) for x in prompt):
+        bad = [x for x in prompt if not 0 <= x < tok.model.n_vocab]
+        if bad:
+            raise ApiError(400, f"token id {bad[0]} is outside the vocabulary", param="prompt")
+        return list(prompt)
+    if isinstance(prompt, list):
+        if len(prompt) > 1:
+            raise ApiError(400, "only one prompt per request is supported", param="prompt")
+        prompt = prompt[0] if prompt else ""
+    if body.suffix is not None:
+        return _fim_tokens(tok, prompt, body.suffix, [])
+    return tok.encode(prompt)
+
+
+def _fim_tokens(tok: Tokenizer, prefix: str, suffix: str, extra) -> list[int]:
+    import llama_cpp
+
+    v = tok.vocab
+    pre, suf, mid, sep = (int(llama_cpp.llama_vocab_fim_pre(v)), int(llama_cpp.llama_vocab_fim_suf(v)),
+                          int(llama_cpp.llama_vocab_fim_mid(v)), int(llama_cpp.llama_vocab_fim_sep(v)))
+    if min(pre, suf, mid) < 0:
+        raise ApiError(400, "this model has no fill-in-the-middle tokens", param="suffix")
+    ids = [tok.bos] if tok.add_bos else []
+    for chunk in extra:
+        if sep >= 0:
+            ids += [sep] + tok.encode(f"{chunk.filename}\n{chunk.text}", add_special=False, parse_special=False)
+    ids += [pre] + tok.encode(prefix, add_special=False, parse_special=False)
+    ids += [suf] + tok.encode(suffix, add_special=False, parse_special=False) + [mid]
+    return ids
+
+
+def _engine_request(body: Sampling, ids: list[int], service: Service, settings: ServeSettings) -> EngineRequest:
+    n_ctx = service.n_ctx
+    if len(ids) >= n_ctx:
+        raise ApiError(400, f"the prompt is {len(ids):,} tokens; this server's context is {n_ctx:,} tokens",
+                       param="messages", type_="invalid_request_error")
+    if len(body.stops()) > MAX_STOPS:
+        raise ApiError(400, f"at most {MAX_STOPS} stop strings", param="stop")
+    max_tokens = body.max_completion_tokens or body.max_tokens or min(settings.max_tokens, n_ctx - len(ids))
+    max_tokens = min(max_tokens, settings.max_tokens, n_ctx - len(ids))
+    spec = body.speculative
+    enabled = service.speculative_default and (spec.enabled if spec else True)
+    n_max = spec.n_max if spec and spec.n_max is not None else settings.draft_max
+    return EngineRequest(
+        prompt=ids, max_tokens=max(1, max_tokens),
+        sampling=SamplingParams(temperature=body.temperature, top_k=body.top_k, top_p=body.top_p, min_p=body.min_p,
+                                repeat_penalty=body.repeat_penalty, frequency_penalty=body.frequency_penalty,
+                                presence_penalty=body.presence_penalty,
+                                seed=body.seed if body.seed is not None else int.from_bytes(os.urandom(4), "little")),
+        speculative=SpecParams(enabled=enabled and n_max > 0, n_max=min(n_max, settings.draft_max)),
+        stop_tokens=service.tokenizer.stop_tokens,
+    )
+
+
+MAX_STOPS = 16
+
+
+def _timings(rec: RequestRecord) -> dict:
+    gen = len(rec.completion)
+    return {
+        "prompt_n": rec.prompt_tokens - rec.reused_tokens, "prompt_cached": rec.reused_tokens,
+        "prompt_ms": rec.t_prompt * 1e3, "prompt_per_second": rec.prompt_tps,
+        "predicted_n": gen, "predicted_ms": rec.t_generate * 1e3, "predicted_per_second": rec.generation_tps,
+        "ttft_ms": rec.ttft * 1e3, "draft_n": rec.drafted, "draft_n_accepted": rec.accepted,
+        "acceptance": rec.acceptance, "tokens_per_step": rec.tokens_per_decode,
+    }
+
+
+def _usage(rec: RequestRecord) -> dict:
+    n = len(rec.completion)
+    return {"prompt_tokens": rec.prompt_tokens, "completion_tokens": n, "total_tokens": rec.prompt_tokens + n}
+
+
+FINISH = {"stop": "stop", "length": "length", "context": "length", "time_limit": "length", "cancelled": "stop", "error": "stop"}
+
+
+async def _events(request: Request, job: Job) -> AsyncIterator:
+    """The job's events; if the client goes away, the job is cancelled (its slot freed at once)."""
+    try:
+        while True:
+            try:
+                event = await asyncio.wait_for(job.events.get(), timeout=1.0)
+            except asyncio.TimeoutError:
+                if await request.is_disconnected():
+                    job.cancel()
+                    return
+                continue
+            yield event
+            if isinstance(event, (Done, Failed)):
+                return
+    finally:
+        job.cancel()  # no-op when finished; frees the slot when the consumer stopped early
+
+
+async def _generate(request: Request, service: Service, settings: ServeSettings, metrics: Metrics, body: Sampling,
+                    ids: list[int], kind: str):
+    req = _engine_request(body, ids, service, settings)
+    job = Job(req, asyncio.get_running_loop(), time.monotonic() + settings.request_timeout)
+    try:
+        service.scheduler.submit(job)
+    except QueueFull:
+        metrics.errors.labels("queue_full").inc()
+        raise ApiError(429, "the server is busy: too many queued requests", "rate_limit_error",
+                       headers={"Retry-After": "1"}) from None
+    created, rid = int(time.time()), ("chatcmpl-" if kind == "chat" else "cmpl-") + job.id
+    text = TextStream(lambda t: service.tokenizer.piece_bytes(t), body.stops())
+    if body.stream:
+        return StreamingResponse(_stream(request, job, text, kind, rid, created, service, body),
+                                 media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+    parts, record, failed = [], None, None
+    async for event in _events(request, job):
+        if isinstance(event, StepRecord):
+            parts.append(text.push(event.tokens))
+            if text.stopped:
+                job.cancel()
+        elif isinstance(event, Done):
+            record = event.record
+        elif isinstance(event, Failed):
+            failed = event
+    if failed is not None:
+        raise ApiError(failed.status, failed.message, "server_error" if failed.status >= 500 else "invalid_request_error")
+    if record is None:
+        raise ApiError(499, "client closed the request")
+    parts.append(text.flush())
+    content = "".join(parts)
+    finish = "stop" if text.stopped else FINISH.get(record.finish_reason or "stop", "stop")
+    if kind == "infill":
+        return {"content": content, "stop": True, "stop_type": finish, "tokens_predicted": len(record.completion),
+                "tokens_evaluated": record.prompt_tokens, "timings": _timings(record), "model": service.model_id}
+    if kind == "chat":
+        choice = {"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": finish, "logprobs": None}
+        obj = "chat.completion"
+    else:
+        choice = {"index": 0, "text": content, "finish_reason": finish, "logprobs": None}
+        obj = "text_completion"
+    return {"id": rid, "object": obj, "created": created, "model": service.model_id, "choices": [choice],
+            "usage": _usage(record), "timings": _timings(record)}
+
+
+def _sse(obj: dict) -> bytes:
+    return f"data: {json.dumps(obj)}\n\n".encode()
+
+
+async def _stream(request: Request, job: Job, text: TextStream, kind: str, rid: str, created: int, service: Service,
+                  body: Sampling) -> AsyncIterator[bytes]:
+    obj = "chat.completion.chunk" if kind == "chat" else "text_completion"
+
+    def chunk(delta: str | None, finish: str | None, first: bool = False) -> dict:
+        if kind == "infill":
+            return {"content": delta or "", "stop": finish is not None}
+        if kind == "chat":
+            d = {"role": "assistant", "content": delta or ""} if first else ({"content": delta} if delta else {})
+            c = {"index": 0, "delta": d, "finish_reason": finish, "logprobs": None}
+        else:
+            c = {"index": 0, "text": delta or "", "finish_reason": finish, "logprobs": None}
+        return {"id": rid, "object": obj, "created": created, "model": service.model_id, "choices": [c]}
+
+    first = True
+    async for event in _events(request, job):
+        if isinstance(event, StepRecord):
+            delta = text.push(event.tokens)
+            if text.stopped:
+                job.cancel()
+            if delta or first:
+                yield _sse(chunk(delta, None, first))
+                first = False
+        elif isinstance(event, Failed):
+            yield _sse(error_body(event.message, "server_error"))
+            break
+        elif isinstance(event, Done):
+            rec = event.record
+            tail = text.flush()
+            finish = "stop" if text.stopped else FINISH.get(rec.finish_reason or "stop", "stop")
+            last = chunk(tail or None, finish)
+            last["timings"] = _timings(rec)
+            if kind == "infill":
+                last.update({"tokens_predicted": len(rec.completion), "timings": _timings(rec)})
+            yield _sse(last)
+            if body.stream_options and body.stream_options.include_usage and kind != "infill":
+                yield _sse({"id": rid, "object": obj, "created": created, "model": service.model_id, "choices": [],
+                            "usage": _usage(rec)})
+    if kind != "infill":
+        yield b"data: [DONE]\n\n"
+
+
+def _count(metrics: Metrics, rec: RequestRecord) -> None:
+    metrics.prompt_tokens.inc(rec.prompt_tokens)
+    metrics.reused_tokens.inc(rec.reused_tokens)
+    metrics.completion_tokens.inc(len(rec.completion))
+    metrics.drafted.inc(rec.drafted)
+    metrics.accepted.inc(rec.accepted)
+    metrics.ttft.observe(rec.ttft)
+
+
+def _recent_tps(service: Service, window: float = 10.0) -> float:
+    now = time.monotonic()
+    n = sum(k for t, k in list(service.scheduler.recent) if now - t <= window)
+    return n / window
+
+
+def _refresh_gauges(service: Service, metrics: Metrics) -> None:
+    metrics.queue_depth.set(service.scheduler.queue_depth())
+    metrics.busy_slots.set(service.scheduler.busy_slots())
+    metrics.tokens_per_second.set(_recent_tps(service))
+    drafted = metrics.drafted._value.get()
+    metrics.acceptance.set(metrics.accepted._value.get() / drafted if drafted else 0.0)
+    metrics.ram_used.set(psutil.Process().memory_info().rss)
+    gpus = read_gpus()
+    if gpus:
+        metrics.vram_used.set(gpus[0].total - gpus[0].free)
+
+
+def _status(service: Service, metrics: Metrics) -> dict:
+    _refresh_gauges(service, metrics)
+    eng = service.scheduler.engine
+    slots = []
+    for s in eng.slots:
+        job = service.scheduler.active.get(s.id)
+        slots.append({"id": s.id, "state": "generating" if job else "idle", "cached_tokens": len(s.cached),
+                      "generated": s.generated if job else 0})
+    drafted = metrics.drafted._value.get()
+    gpus = read_gpus()
+    vm = psutil.virtual_memory()
+    return {
+        "models": service.models, "plan": service.plan, "slots": slots,
+        "queue": service.scheduler.queue_depth(), "busy_slots": service.scheduler.busy_slots(),
+        "speculative_default": service.speculative_default,
+        "draft_max": getattr(eng, "draft_limit", None),
+        "recent_tokens_per_second": _recent_tps(service),
+        "acceptance": metrics.accepted._value.get() / drafted if drafted else None,
+        "gpu": [{"name": g.name, "total": g.total, "free": g.free, "utilization": g.utilization} for g in gpus],
+        "host": {"total": vm.total, "available": vm.available, "rss": psutil.Process().memory_info().rss},
+    }

@@ -1,0 +1,25 @@
+"""Prometheus metrics for one server (its own registry: no globals)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+
+class Metrics:
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        self.requests = Counter("specdeck_requests_total", "Requests by route and status", ["route", "status"], registry=r)
+        self.prompt_tokens = Counter("specdeck_prompt_tokens_total", "Prompt tokens", registry=r)
+        self.completion_tokens = Counter("specdeck_completion_tokens_total", "Generated tokens", registry=r)
+        self.reused_tokens = Counter("specdeck_prompt_cache_tokens_total", "Prompt tokens served from the cache", registry=r)
+        self.drafted = Counter("specdeck_draft_tokens_total", "Drafted tokens", registry=r)
+        self.accepted = Counter("specdeck_draft_accepted_total", "Drafted tokens the target kept", registry=r)
+        self.errors = Counter("specdeck_errors_total", "Failed requests", ["kind"], registry=r)
+        self.ttft = Histogram("specdeck_ttft_seconds", "Time to first token", registry=r,
+                              buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120))
+        self.tokens_per_second = Gauge("specdeck_tokens_per_second", "Generated tokens per second, last 10 s", registry=r)
+        self.acceptance = Gauge("specdeck_acceptance_rate", "Accepted / drafted, all requests so far", registry=r)
+        self.queue_depth = Gauge("specdeck_queue_depth", "Requests waiting for a slot", registry=r)
+        self.busy_slots = Gauge("specdeck_busy_slots", "Slots generating", registry=r)
+        self.vram_used = Gauge("specdeck_vram_used_bytes", "GPU memory in use (GPU 0)", registry=r)
+        self.ram_used = Gauge("specdeck_process_rss_bytes", "Resident memory of the server", registry=r)

@@ -1,0 +1,181 @@
+"""One worker thread owns the engine. HTTP handlers only enqueue jobs and read their events.
+
+Each loop: take queued jobs into free slots (the free slot whose cache shares the longest prefix
+with the prompt, so coding tools that resend the same file reuse it), then run one batched step for
+every active slot, then hand each slot's step record to its job. A cancelled job (client gone, stop
+string seen, time limit) frees its slot at the next step boundary, where the cache is consistent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+
+from ..engine.engine import Engine, Request, Slot
+from ..engine.kv import common_prefix
+from ..engine.records import RequestRecord, StepRecord
+from ..errors import SpecdeckError
+
+
+class QueueFull(SpecdeckError):
+    pass
+
+
+@dataclass
+class Done:
+    record: RequestRecord
+
+
+@dataclass
+class Failed:
+    message: str
+    status: int = 500
+
+
+@dataclass
+class Job:
+    request: Request
+    loop: asyncio.AbstractEventLoop
+    deadline: float
+    events: asyncio.Queue = field(default_factory=asyncio.Queue)
+    id: str = field(default_factory=lambda: uuid.uuid4().hex[:24])
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    slot: Slot | None = None
+    enqueued: float = field(default_factory=time.monotonic)
+    t_first: float = 0.0  # when the first token was ready
+
+    def send(self, event) -> None:
+        self.loop.call_soon_threadsafe(self.events.put_nowait, event)
+
+    def cancel(self) -> None:
+        self.cancelled.set()
+
+
+class Scheduler:
+    def __init__(self, engine: Engine, max_queue: int = 16, on_step=None, on_done=None) -> None:
+        self.engine = engine
+        self.max_queue = max_queue
+        self.queue: collections.deque[Job] = collections.deque()
+        self.active: dict[int, Job] = {}
+        self.cv = threading.Condition()
+        self.running = False
+        self.thread: threading.Thread | None = None
+        self.on_step = on_step or (lambda rec: None)
+        self.on_done = on_done or (lambda job, rec: None)
+        self.recent: collections.deque[tuple[float, int]] = collections.deque(maxlen=512)  # (time, tokens)
+
+    # -- API for handlers ------------------------------------------------------------------
+
+    def submit(self, job: Job) -> None:
+        with self.cv:
+            if len(self.queue) >= self.max_queue:
+                raise QueueFull("the request queue is full")
+            self.queue.append(job)
+            self.cv.notify()
+
+    def queue_depth(self) -> int:
+        return len(self.queue)
+
+    def busy_slots(self) -> int:
+        return len(self.active)
+
+    def start(self) -> None:
+        self.running = True
+        self.thread = threading.Thread(target=self._run, name="specdeck-engine", daemon=True)
+        self.thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        with self.cv:
+            self.running = False
+            for job in list(self.queue):
+                job.send(Failed("server shutting down", 503))
+            self.queue.clear()
+            for job in self.active.values():
+                job.cancel()
+            self.cv.notify()
+        if self.thread:
+            self.thread.join(timeout)
+
+    # -- the worker ------------------------------------------------------------------------
+
+    def _free_slots(self) -> list[Slot]:
+        return [s for s in self.engine.slots if s.id not in self.active]
+
+    def _admit(self) -> None:
+        while True:
+            with self.cv:
+                free = self._free_slots()
+                if not self.queue or not free:
+                    return
+                job = self.queue.popleft()
+            if job.cancelled.is_set():
+                continue
+            slot = max(free, key=lambda s: common_prefix(s.cached, job.request.prompt))
+            try:
+                first = self.engine.start(slot, job.request)
+            except SpecdeckError as e:
+                job.send(Failed(e.message, 400))
+                continue
+            except Exception as e:  # noqa: BLE001 - a failed request must not stop the server
+                job.send(Failed(f"{type(e).__name__}: {e}"))
+                continue
+            job.slot = slot
+            job.t_first = time.perf_counter()
+            slot.generated = 1
+            rec = StepRecord(slot.id, [first], 0, 0, 0, "none", 0.0, slot.record.t_prompt, 0.0)
+            req = job.request
+            if first in req.stop_tokens:
+                rec.finish_reason = "stop"
+            elif req.max_tokens <= 1:
+                rec.finish_reason = "length"
+            slot.record.completion.append(first)
+            self.active[slot.id] = job
+            self._deliver(job, rec)
+
+    def _deliver(self, job: Job, rec: StepRecord) -> None:
+        self.recent.append((time.monotonic(), len(rec.tokens)))
+        self.on_step(rec)
+        job.send(rec)
+        if rec.finish_reason is not None:
+            self._close(job, rec.finish_reason)
+
+    def _close(self, job: Job, reason: str) -> None:
+        slot = job.slot
+        assert slot is not None and slot.record is not None
+        slot.record.t_generate = time.perf_counter() - job.t_first
+        record = self.engine.finish(slot, reason)
+        self.active.pop(slot.id, None)
+        self.on_done(job, record)
+        job.send(Done(record))
+
+    def _run(self) -> None:
+        while True:
+            with self.cv:
+                while self.running and not self.queue and not self.active:
+                    self.cv.wait(0.5)
+                if not self.running and not self.active:
+                    return
+            self._admit()
+            now = time.monotonic()
+            for job in list(self.active.values()):
+                if job.cancelled.is_set():
+                    self._close(job, "cancelled")
+                elif now > job.deadline:
+                    self._close(job, "time_limit")
+            if not self.active:
+                continue
+            jobs = list(self.active.values())
+            try:
+                records = self.engine.step([j.slot for j in jobs])
+            except Exception as e:  # noqa: BLE001 - e.g. llama.cpp refusing a decode: fail these, go on
+                for j in jobs:
+                    j.send(Failed(f"generation failed: {e}"))
+                    self._close(j, "error")
+                continue
+            by_slot = {r.slot: r for r in records}
+            for j in jobs:
+                self._deliver(j, by_slot[j.slot.id])

@@ -1,0 +1,91 @@
+"""Request bodies in OpenAI's (and llama.cpp's /infill) shapes. Unknown fields are ignored, as
+OpenAI clients expect; wrong types are reported as OpenAI-shaped 400 errors."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+MAX_STOP_STRINGS = 16
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class SpeculativeOptions(_Body):
+    enabled: bool = True
+    n_max: int | None = Field(None, ge=0, le=64)
+
+
+class StreamOptions(_Body):
+    include_usage: bool = False
+
+
+class Sampling(_Body):
+    model: str | None = None
+    max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    temperature: float = Field(1.0, ge=0.0, le=2.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    top_k: int = Field(0, ge=0)
+    min_p: float = Field(0.0, ge=0.0, le=1.0)
+    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    repeat_penalty: float = Field(1.0, ge=0.0, le=10.0)
+    seed: int | None = Field(None, ge=0, lt=2**32)
+    stop: str | list[str] | None = None
+    n: int = Field(1, ge=1, le=1, description="only n=1 is supported")
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    logprobs: bool | int | None = None
+    speculative: SpeculativeOptions | None = None
+    user: str | None = None
+
+    def stops(self) -> list[str]:
+        if self.stop is None:
+            return []
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop)
+
+
+class ChatMessage(_Body):
+    role: Literal["system", "user", "assistant", "tool", "developer"]
+    content: str | list[dict[str, Any]] | None = None
+    name: str | None = None
+
+    def text(self) -> str:
+        if isinstance(self.content, list):
+            return "".join(p.get("text", "") for p in self.content if isinstance(p, dict) and p.get("type") == "text")
+        return self.content or ""
+
+
+class ChatRequest(Sampling):
+    messages: list[ChatMessage] = Field(min_length=1)
+
+
+class CompletionRequest(Sampling):
+    prompt: str | list[str] | list[int] = ""
+    suffix: str | None = None
+    echo: bool = False
+
+
+class InfillExtra(_Body):
+    filename: str = ""
+    text: str = ""
+
+
+class InfillRequest(_Body):
+    input_prefix: str = ""
+    input_suffix: str = ""
+    input_extra: list[InfillExtra] = []
+    prompt: str = ""
+    n_predict: int | None = Field(None, ge=-1)
+    temperature: float = Field(0.0, ge=0.0, le=2.0)
+    top_k: int = Field(0, ge=0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    min_p: float = Field(0.0, ge=0.0, le=1.0)
+    seed: int | None = Field(None, ge=0, lt=2**32)
+    stop: list[str] = []
+    stream: bool = False
+    speculative: SpeculativeOptions | None = None

@@ -1,0 +1,70 @@
+"""Typed server settings: defaults, then a config file, then environment (SPECDECK_*), then flags."""
+
+from __future__ import annotations
+
+import ipaddress
+import tomllib
+from pathlib import Path
+
+from pydantic import Field, ValidationError
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from ..errors import SpecdeckError
+
+
+class ServeSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="SPECDECK_", extra="ignore")
+
+    host: str = Field("127.0.0.1", description="address to bind (anything but loopback needs an API key)")
+    port: int = Field(8000, ge=1, le=65535)
+    api_key: str | None = Field(None, description="from SPECDECK_API_KEY or --api-key-file; never a flag", repr=False)
+    cors_origins: list[str] = Field(default_factory=list, description="origins allowed by CORS (off when empty)")
+    max_queue: int = Field(16, ge=0, description="requests waiting beyond the busy slots before 429")
+    request_timeout: float = Field(600.0, gt=0, description="wall-clock limit per request, seconds")
+    max_tokens: int = Field(4096, ge=1, description="cap on max_tokens per request")
+    draft_max: int = Field(8, ge=0, le=64, description="most tokens drafted per step")
+    speculative: bool = Field(True, description="speculation on by default (requests can turn it off)")
+    log_prompts: bool = Field(False, description="log request text (off: only counts and timings)")
+
+    def check(self) -> None:
+        if not _is_loopback(self.host) and not self.api_key:
+            raise SpecdeckError(f"refusing to listen on {self.host} without an API key",
+                                hint="set SPECDECK_API_KEY or --api-key-file, or bind 127.0.0.1")
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def load_settings(config: Path | None, overrides: dict) -> ServeSettings:
+    """Config file (TOML, [serve] table or top level), then the environment, then explicit flags."""
+    values: dict = {}
+    if config is not None and config.exists():
+        try:
+            raw = tomllib.loads(config.read_text(encoding="utf-8"))
+        except (OSError, tomllib.TOMLDecodeError) as e:
+            raise SpecdeckError(f"{config}: cannot read config: {e}") from None
+        values = raw.get("serve", raw)
+    try:
+        env = ServeSettings()
+        merged = {**values, **{k: v for k, v in env.model_dump().items() if k in env.model_fields_set}}
+        merged.update({k: v for k, v in overrides.items() if v is not None})
+        return ServeSettings(**merged)
+    except ValidationError as e:
+        first = e.errors()[0]
+        raise SpecdeckError(f"bad setting {'.'.join(map(str, first['loc']))}: {first['msg']}") from None
+
+
+def read_key_file(path: Path) -> str:
+    try:
+        key = path.read_text(encoding="utf-8").strip()
+    except OSError as e:
+        raise SpecdeckError(f"cannot read API key file {path}: {e.strerror}") from None
+    if not key:
+        raise SpecdeckError(f"API key file {path} is empty")
+    return key

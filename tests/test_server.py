@@ -1,0 +1,250 @@
+"""The local API with the real `openai` client, on tiny models in-process and on the Qwen pair."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import httpx
+import pytest
+import uvicorn
+from openai import OpenAI
+
+from app.gguf_info import read_model_info
+from app.hardware import detect
+from app.planner import PlanRequest, make_plan
+from app.runtime import load
+from app.server.app import create_app
+from app.server.serve import attach, build_service
+from app.server.settings import ServeSettings
+from conftest import REAL_CACHE, ROOT
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class LiveServer:
+    """A real uvicorn server in a thread, over a real engine."""
+
+    def __init__(self, target, draft, settings: ServeSettings, parallel=2, ctx=1024):
+        t, d = read_model_info(target), read_model_info(draft) if draft else None
+        self.plan = make_plan(t, d, PlanRequest(ctx=ctx, ctx_is_user_choice=True, parallel=parallel, draft_max=4), detect(), ctx)
+        self.loaded = load(self.plan, t, d, 1, adaptive=True)
+        self.service = build_service(self.plan, t, d, "tiny")
+        self.app = create_app(settings, self.service)
+        attach(self.service, self.loaded, settings, self.app.state.count)
+        self.port = settings.port
+        self.server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        for _ in range(100):
+            if self.server.started:
+                break
+            time.sleep(0.05)
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def close(self):
+        self.server.should_exit = True
+        self.thread.join(10)
+        self.service.scheduler.stop()
+        self.loaded.close()
+
+
+@pytest.fixture(scope="module")
+def tiny_server(tiny):
+    s = LiveServer(tiny.target, tiny.draft, ServeSettings(port=free_port(), max_queue=1), parallel=2)
+    yield s
+    s.close()
+
+
+def client(url, key="none"):
+    return OpenAI(base_url=url + "/v1", api_key=key, max_retries=0, timeout=60)
+
+
+def test_tiny_chat_completion_stream_and_errors(tiny_server):
+    c = client(tiny_server.url)
+    assert c.models.list().data[0].id == "tiny"
+    r = c.completions.create(model="tiny", prompt="a b c the", max_tokens=12, temperature=0)
+    assert r.choices[0].finish_reason == "length" and r.usage.completion_tokens == 12
+    chunks = list(c.completions.create(model="tiny", prompt="a b c the", max_tokens=12, temperature=0, stream=True,
+                                       stream_options={"include_usage": True}))
+    assert "".join(ch.choices[0].text for ch in chunks if ch.choices) == r.choices[0].text
+    assert chunks[-1].usage.completion_tokens == 12
+    raw = httpx.post(tiny_server.url + "/v1/completions", json={"prompt": "a", "max_tokens": "many"})
+    assert raw.status_code == 400 and raw.json()["error"]["param"] == "max_tokens"
+    raw = httpx.post(tiny_server.url + "/v1/completions", json={"prompt": "a", "model": "gpt-9"})
+    assert raw.status_code == 404 and raw.json()["error"]["type"] == "not_found_error"
+    raw = httpx.post(tiny_server.url + "/v1/completions", json={"prompt": "a " * 3000, "max_tokens": 2})
+    assert raw.status_code == 400 and "context is 1,024 tokens" in raw.json()["error"]["message"]
+    raw = httpx.post(tiny_server.url + "/v1/completions", json={"prompt": "a", "max_tokens": 3, "n": 2})
+    assert raw.status_code == 400
+    raw = httpx.post(tiny_server.url + "/v1/completions", json={"prompt": "a", "max_tokens": 3, "frobnicate": 1})
+    assert raw.status_code == 200  # unknown fields are ignored
+    assert httpx.get(tiny_server.url + "/health").json() == {"status": "ok"}
+    assert httpx.get(tiny_server.url + "/openapi.json").status_code == 200
+
+
+def test_speculation_per_request_and_timings(tiny_server):
+    body = {"prompt": "a b c the def", "max_tokens": 24, "temperature": 0}
+    on = httpx.post(tiny_server.url + "/v1/completions", json={**body, "speculative": {"n_max": 4}}).json()
+    off = httpx.post(tiny_server.url + "/v1/completions", json={**body, "speculative": {"enabled": False}}).json()
+    zero = httpx.post(tiny_server.url + "/v1/completions", json={**body, "speculative": {"n_max": 0}}).json()
+    assert off["timings"]["draft_n"] == 0 and zero["timings"]["draft_n"] == 0
+    assert on["choices"][0]["text"] == off["choices"][0]["text"]
+    again = httpx.post(tiny_server.url + "/v1/completions", json={**body, "speculative": {"n_max": 4}}).json()
+    assert again["choices"][0]["text"] == on["choices"][0]["text"]
+    assert again["timings"]["prompt_cached"] > 0  # the slot's prefix was reused
+
+
+def test_queue_limit_and_disconnect(tiny_server):
+    url = tiny_server.url + "/v1/completions"
+    body = {"prompt": "a b c", "max_tokens": 400, "temperature": 0, "speculative": {"enabled": False}}
+    with concurrent.futures.ThreadPoolExecutor(6) as pool:
+        codes = list(pool.map(lambda _: httpx.post(url, json=body, timeout=120).status_code, range(6)))
+    assert set(codes) == {200, 429} and codes.count(200) >= 2  # slots + queue served; the rest turned away
+    # a client that goes away mid-stream frees its slot at once
+    with httpx.stream("POST", url, json={**body, "max_tokens": 900, "stream": True}, timeout=60) as r:
+        for _ in r.iter_lines():
+            break
+    deadline = time.time() + 5
+    while time.time() < deadline and httpx.get(tiny_server.url + "/v1/status").json()["busy_slots"] > 0:
+        time.sleep(0.05)
+    assert httpx.get(tiny_server.url + "/v1/status").json()["busy_slots"] == 0
+    t = time.time()
+    assert httpx.post(url, json={**body, "max_tokens": 5}).status_code == 200 and time.time() - t < 5
+
+
+def test_metrics_and_status(tiny_server):
+    httpx.post(tiny_server.url + "/v1/completions", json={"prompt": "a b", "max_tokens": 5})
+    m = httpx.get(tiny_server.url + "/metrics").text
+    for name in ("specdeck_requests_total", "specdeck_completion_tokens_total", "specdeck_ttft_seconds_bucket",
+                 "specdeck_draft_tokens_total", "specdeck_queue_depth", "specdeck_busy_slots", "specdeck_process_rss_bytes"):
+        assert name in m
+    st = httpx.get(tiny_server.url + "/v1/status").json()
+    assert len(st["slots"]) == 2 and st["plan"]["ctx"] == 1024 and st["host"]["rss"] > 0
+
+
+def test_auth(tiny):
+    key = "s3cret-key"
+    s = LiveServer(tiny.target, None, ServeSettings(port=free_port(), api_key=key), parallel=1)
+    try:
+        url = s.url + "/v1/models"
+        assert httpx.get(url).status_code == 401
+        assert httpx.get(url, headers={"Authorization": "Bearer wrong"}).status_code == 401
+        assert httpx.get(url, headers={"Authorization": f"Bearer {key}"}).status_code == 200
+        assert httpx.get(s.url + "/health").status_code == 200
+        assert client(s.url, key).completions.create(model="tiny", prompt="a", max_tokens=2).usage.completion_tokens == 2
+    finally:
+        s.close()
+
+
+def test_refuses_public_bind_without_key(tiny):
+    p = subprocess.run([sys.executable, "-m", "app.cli", "serve", "--target", str(tiny.target), "--host", "0.0.0.0"],
+                       capture_output=True, text=True, cwd=ROOT, timeout=60,
+                       env={k: v for k, v in os.environ.items() if k != "SPECDECK_API_KEY"})
+    assert p.returncode != 0 and "without an API key" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_schema_fuzz_no_server_errors(tiny_server):
+    """A bounded schemathesis run against the served OpenAPI schema: no 5xx."""
+    import schemathesis
+    from hypothesis import HealthCheck, given, settings
+
+    schema = schemathesis.openapi.from_url(tiny_server.url + "/openapi.json")
+    failures, tried = [], []
+    for result in schema.get_all_operations():
+        op = result.ok()
+
+        @settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+        @given(case=op.as_strategy())
+        def check(case):
+            if isinstance(case.body, dict):
+                case.body["max_tokens"] = 2
+                case.body["n_predict"] = 2
+            r = case.call(base_url=tiny_server.url, timeout=30)
+            tried.append(r.status_code)
+            if r.status_code >= 500:
+                failures.append((case.path, case.body, r.status_code, r.text[:200]))
+
+        check()
+    assert len(tried) >= 30 and failures == []
+
+
+# -- the real Qwen pair, through `specdeck serve` -------------------------------------------------
+
+@pytest.fixture(scope="module")
+def qwen_server(real_pair):
+    port = free_port()
+    env = {**os.environ, "SPECDECK_HOME": str(REAL_CACHE)}
+    proc = subprocess.Popen([sys.executable, "-m", "app.cli", "serve", "coder-1.5b", "--port", str(port), "--ctx", "4096",
+                             "--parallel", "2"], cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 240
+    loading_seen = False
+    while time.time() < deadline:
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=2) as r:
+                if r.status == 200:
+                    break
+        except urllib.error.HTTPError as e:
+            loading_seen = loading_seen or e.code == 503
+        except OSError:
+            pass
+        if proc.poll() is not None:
+            raise RuntimeError(proc.stderr.read())
+        time.sleep(0.3)
+    yield url
+    proc.terminate()
+    proc.wait(30)
+
+
+def test_qwen_chat_completion_fim_stream_stop(qwen_server):
+    c = client(qwen_server)
+    msg = [{"role": "user", "content": "Write a Python function that returns the square of a number."}]
+    r = c.chat.completions.create(model="coder-1.5b", messages=msg, max_tokens=60, temperature=0)
+    text = r.choices[0].message.content
+    assert "def" in text and r.usage.prompt_tokens > 10 and r.usage.completion_tokens > 5
+    streamed = "".join(ch.choices[0].delta.content or "" for ch in c.chat.completions.create(
+        model="coder-1.5b", messages=msg, max_tokens=60, temperature=0, stream=True) if ch.choices)
+    assert streamed == text
+    stop = c.chat.completions.create(model="coder-1.5b", messages=msg, max_tokens=60, temperature=0, stop=["def"])
+    assert "def" not in stop.choices[0].message.content and stop.choices[0].finish_reason == "stop"
+    fim = c.completions.create(model="coder-1.5b", prompt="def add(a, b):\n    return ", suffix="\n\nprint(add(1, 2))\n",
+                               max_tokens=10, temperature=0)
+    assert "a + b" in fim.choices[0].text
+    inf = httpx.post(qwen_server + "/infill", json={"input_prefix": "def add(a, b):\n    return ", "input_suffix": "\n",
+                                                    "n_predict": 8}, timeout=60).json()
+    assert "a + b" in inf["content"]
+
+
+def test_qwen_speculation_on_off_identical(qwen_server):
+    body = {"model": "coder-1.5b", "prompt": "def fibonacci(n: int) -> list[int]:\n    \"\"\"Return the first n Fibonacci numbers.\"\"\"\n",
+            "max_tokens": 48, "temperature": 0}
+    on = httpx.post(qwen_server + "/v1/completions", json=body, timeout=120).json()
+    off = httpx.post(qwen_server + "/v1/completions", json={**body, "speculative": {"enabled": False}}, timeout=120).json()
+    assert on["choices"][0]["text"] == off["choices"][0]["text"]  # this prompt is identical in `specdeck verify`
+    assert off["timings"]["draft_n"] == 0
+
+
+def test_qwen_parallel_streams_complete(qwen_server):
+    c = client(qwen_server)
+
+    def one(i):
+        chunks = list(c.completions.create(model="coder-1.5b", prompt=f"# task {i}\ndef f{i}(x):", max_tokens=24,
+                                           temperature=0, stream=True))
+        return chunks[-1].choices[0].finish_reason
+
+    with concurrent.futures.ThreadPoolExecutor(3) as pool:
+        reasons = list(pool.map(one, range(3)))
+    assert reasons == ["length"] * 3
