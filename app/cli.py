@@ -247,8 +247,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         for col in ("workload", "plain", "draft", "lookup", "adaptive", "adaptive / plain", "server plain", "server draft", "server lookup"):
             table.add_column(col, justify="right")
         for kind, modes in workloads.items():
-            cell = lambda m: f"{modes[m]['tok_s']:.1f}" if m in modes and modes[m]["tok_s"] else "-"  # noqa: E731
-            anchor = lambda a: f"{anchors[a][kind]:.1f}" if kind in anchors.get(a, {}) else "-"  # noqa: E731
+            cell = lambda m, modes=modes: f"{modes[m]['tok_s']:.1f}" if m in modes and modes[m]["tok_s"] else "-"  # noqa: E731
+            anchor = lambda a, kind=kind: f"{anchors[a][kind]:.1f}" if kind in anchors.get(a, {}) else "-"  # noqa: E731
             r = result["ratios"][kind].get("adaptive_vs_plain")
             table.add_row(kind, cell("plain"), cell("draft"), cell("lookup"), cell("adaptive"), f"{r:.2f}" if r else "-",
                           anchor("llama_server_plain"), anchor("llama_server_draft"), anchor("llama_server_lookup"))

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from app.engine.controller import Acceptance, Controller, CostModel, calibrate, expected_tokens
-from app.engine.drafter import AdaptiveDrafter, LookupDrafter, ModelDrafter
+from app.engine.drafter import AdaptiveDrafter, LookupDrafter
 from app.engine.engine import Engine, Request, SpecParams
 from app.llama_ctx import Context, Model
 from app.planner import ModelParams
