@@ -20,13 +20,63 @@ from .errors import SpecdeckError
 
 GAP_TOLERANCE = 1.0  # logits; llama.cpp's single vs batched numerics differ by up to ~0.8 here
 
+CODE_EDIT_MODULE = """import os
+import sys
+from collections import Counter
+
+
+def read_lines(path):
+    with open(path, encoding="utf-8") as f:
+        return [line.rstrip("\\n") for line in f]
+
+
+def count_words(lines):
+    total = 0
+    for line in lines:
+        total += len(line.split())
+    return total
+
+
+def most_common_words(lines, n=10):
+    counter = Counter()
+    for line in lines:
+        counter.update(word.lower() for word in line.split())
+    return counter.most_common(n)
+
+
+def summarize(path):
+    lines = read_lines(path)
+    words = count_words(lines)
+    common = most_common_words(lines)
+    print(f"{path}: {len(lines)} lines, {words} words")
+    for word, n in common:
+        print(f"  {word}: {n}")
+    return words
+
+
+def main(argv):
+    if len(argv) < 2:
+        print("usage: wordstats.py FILE...", file=sys.stderr)
+        return 2
+    total = 0
+    for path in argv[1:]:
+        if not os.path.exists(path):
+            print(f"missing: {path}", file=sys.stderr)
+            continue
+        total += summarize(path)
+    print(f"total: {total} words")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
+"""
+
 BUILTIN_PROMPTS = [
     {"kind": "code-completion", "prompt": "def fibonacci(n: int) -> list[int]:\n    \"\"\"Return the first n Fibonacci numbers.\"\"\"\n"},
     {"kind": "code-edit", "messages": [{"role": "user", "content": (
-        "Add type hints to this module and return it whole:\n\n```python\nimport os\n\n"
-        "def read_lines(path):\n    with open(path) as f:\n        return [line.rstrip() for line in f]\n\n"
-        "def count_words(lines):\n    total = 0\n    for line in lines:\n        total += len(line.split())\n    return total\n\n"
-        "def main(path):\n    lines = read_lines(path)\n    print(count_words(lines))\n```")}]},
+        "Rename the function `count_words` to `word_count` everywhere in this module and return the whole "
+        "module, unchanged otherwise, in one code block:\n\n```python\n" + CODE_EDIT_MODULE + "```")}]},
     {"kind": "code-question", "messages": [{"role": "user", "content": "What does Python's functools.lru_cache do, in two sentences?"}]},
     {"kind": "prose", "messages": [{"role": "user", "content": "Write a short poem about the sea at night."}]},
 ]

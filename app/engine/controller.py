@@ -95,17 +95,26 @@ def expected_tokens(k: int, a: float) -> float:
 class Controller:
     def __init__(self, costs: CostModel, probe_every: int = 32, learn_costs: bool = True) -> None:
         self.costs = costs
+        self.local: dict[tuple[int, str], Acceptance] = {}  # per slot, for the request it serves
         self.learn_costs = learn_costs  # refresh costs from real steps (off: fixed costs, for tests)
         self.acceptance: dict[str, Acceptance] = {}
         self.probe_every = probe_every
         self._idle: dict[str, int] = {}
 
-    def alpha(self, key: str) -> float:
+    def alpha(self, key: str, seq: int | None = None) -> float:
+        if seq is not None and (seq, key) in self.local:
+            return self.local[(seq, key)].alpha
         return self.acceptance.setdefault(key, Acceptance()).alpha
 
-    def choose(self, key: str, k_max: int, draft_cost: float) -> Choice:
+    def new_request(self, seq: int) -> None:
+        """A new request on this slot: its own estimates start again from the global ones, weakly,
+        so a drafter that was good for the last text is tried but dropped after one miss."""
+        for k in [k for k in self.local if k[0] == seq]:
+            del self.local[k]
+
+    def choose(self, key: str, k_max: int, draft_cost: float, seq: int | None = None) -> Choice:
         """The best k in 0..k_max for a drafter whose tokens cost `draft_cost` seconds each."""
-        a = self.alpha(key)
+        a = self.alpha(key, seq)
         plain = 1.0 / self.costs.c_verify(1)
         best = Choice(0, a, 1.0, self.costs.c_verify(1), 1.0, "plain decoding is fastest")
         for k in range(1, k_max + 1):
@@ -131,9 +140,16 @@ class Controller:
         return any(expected_tokens(k, a) / (k * draft_cost + self.costs.c_verify(k + 1)) > plain * 1.05
                    for k in range(1, k_max + 1))
 
-    def observe(self, key: str, drafted: int, accepted: int) -> None:
-        if drafted:
-            self.acceptance.setdefault(key, Acceptance()).observe(drafted, accepted)
+    def observe(self, key: str, drafted: int, accepted: int, seq: int | None = None) -> None:
+        if not drafted:
+            return
+        glob = self.acceptance.setdefault(key, Acceptance())
+        if seq is not None:
+            local = self.local.get((seq, key))
+            if local is None:  # seeded from the global estimate with the weight of two trials
+                local = self.local[(seq, key)] = Acceptance(2 * glob.alpha, 2 * (1 - glob.alpha))
+            local.observe(drafted, accepted)
+        glob.observe(drafted, accepted)
 
 
 def _prefix(ctx: Context, seq: int, n: int) -> None:

@@ -156,6 +156,7 @@ class LookupDrafter:
     def __init__(self, ngram_max: int = 4, ngram_min: int = 2) -> None:
         self.ngram_max = ngram_max
         self.ngram_min = ngram_min
+        self.restarted: set[int] = set()  # sequences whose history started anew (a new request)
         self._index: dict[int, tuple[list[int], dict[tuple[int, ...], int]]] = {}
 
     def _indexed(self, seq: int, history: Sequence[int]) -> dict[tuple[int, ...], int]:
@@ -164,6 +165,7 @@ class LookupDrafter:
         n_old = len(tokens)
         if n_old > len(history) or list(history[: n_old]) != tokens:  # a new or rewound history
             tokens, index, n_old = [], {}, 0
+            self.restarted.add(seq)
         tokens = list(history)
         for end in range(max(n_old, 1), len(tokens)):  # an n-gram ending at `end` is followed by tokens[end]
             for n in range(self.ngram_min, self.ngram_max + 1):
@@ -212,8 +214,11 @@ class AdaptiveDrafter:
         choice = None
         if self.lookup is not None and k > 0:
             tokens, n = self.lookup.lookup(seq, history, k)
+            if seq in self.lookup.restarted:
+                self.lookup.restarted.discard(seq)
+                self.controller.new_request(seq)
             if tokens:
-                choice = self.controller.choose(f"lookup-{n}", len(tokens), self.LOOKUP_COST)
+                choice = self.controller.choose(f"lookup-{n}", len(tokens), self.LOOKUP_COST, seq)
                 if choice.k > 0:
                     return Draft(tokens[: choice.k], None, source="lookup", match_len=n, choice=choice)
         if self.model is not None and k > 0:
@@ -229,8 +234,10 @@ class AdaptiveDrafter:
         return Draft([], source="none", choice=choice)
 
     def accepted(self, seq: int, draft: Draft, n_accepted: int) -> None:
-        key = f"lookup-{draft.match_len}" if draft.source == "lookup" else draft.source
-        self.controller.observe(key, len(draft.tokens), n_accepted)
+        if draft.source == "lookup":
+            self.controller.observe(f"lookup-{draft.match_len}", len(draft.tokens), n_accepted, seq)
+        else:
+            self.controller.observe(draft.source, len(draft.tokens), n_accepted)
 
     def release(self, seq: int) -> None:
         for d in (self.lookup, self.model):
