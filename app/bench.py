@@ -23,7 +23,8 @@ from .runtime import Loaded
 from .verify import prompt_tokens
 
 MODES = ("plain", "draft", "lookup", "adaptive")
-DRAFT_N_MAX, DRAFT_P_MIN = 8, 0.75  # llama-server's best setting here (FACTS: n-max 8, p-min 0.75)
+DRAFT_N_MAX = 8  # the draft model at a fixed length, greedy (our "draft" mode)
+ANCHOR_P_MIN = 0.75  # llama-server's best draft setting here (FACTS: n-max 8, p-min 0.75)
 ADAPTIVE_N_MAX = 16  # the controller may go this long (lookup proposals are free to make)
 
 
@@ -44,7 +45,7 @@ class ModeResult:
 
 
 def _drafters(loaded: Loaded, controller: Controller) -> dict:
-    model = ModelDrafter(loaded.draft, p_min=DRAFT_P_MIN) if loaded.draft else None
+    model = ModelDrafter(loaded.draft) if loaded.draft else None
     return {
         "plain": None,
         "draft": model,
@@ -103,7 +104,7 @@ def run_engine(loaded: Loaded, prompts: list[dict], max_tokens: int, repeats: in
 ANCHORS = {
     "llama_server_plain": [],
     "llama_server_draft": ["--spec-type", "draft-simple", "-md", "{draft}", "--spec-draft-n-max", str(DRAFT_N_MAX),
-                           "--spec-draft-p-min", str(DRAFT_P_MIN)],
+                           "--spec-draft-p-min", str(ANCHOR_P_MIN)],
     "llama_server_lookup": ["--spec-type", "ngram-simple"],
 }
 

@@ -115,3 +115,17 @@ def test_bench_json_shape_on_tiny_models(tiny, tmp_path):
         for m in modes.values():
             assert m["tok_s"] > 0 and "acceptance" in m and m["tokens_per_decode"] >= 1
     assert "adaptive_vs_plain" in j["ratios"]["prose"]
+
+
+def test_per_request_estimates_drop_a_drafter_after_misses():
+    """Lookup was excellent on the last request; on a new one it is tried, and misses stop it fast."""
+    c = Controller(cpu_costs())
+    for _ in range(30):
+        c.observe("lookup-4", 8, 8, seq=0)
+    c.new_request(0)
+    assert c.choose("lookup-4", 8, 2e-5, seq=0).k >= 2  # tried again: globally it has been good
+    c.observe("lookup-4", 4, 0, seq=0)
+    assert c.choose("lookup-4", 8, 2e-5, seq=0).k <= 1  # one miss: no more long drafts
+    c.observe("lookup-4", 1, 0, seq=0)
+    assert c.choose("lookup-4", 8, 2e-5, seq=0).k == 0  # two: this request's text is different
+    assert c.choose("lookup-4", 8, 2e-5, seq=1).k >= 2  # other slots keep the global estimate

@@ -20,8 +20,6 @@ from .accept import draw
 from .controller import Choice, Controller
 from .sampling import SamplingParams, TokenSampler
 
-TOP_LOGIT_SPAN = 20.0  # exp(-20) * vocabulary is below 1e-3: ignoring those tokens barely moves p_top
-
 
 @dataclass
 class Draft:
@@ -51,11 +49,10 @@ class Drafter(Protocol):
         ...
 
 
-def top_probability(logits: np.ndarray) -> float:
-    """Softmax probability of the argmax, from the few logits near the top (no full softmax)."""
-    m = float(logits.max())
-    near = logits[logits > m - TOP_LOGIT_SPAN]
-    return 1.0 / float(np.exp(near.astype(np.float64) - m).sum())
+def top_probability(logits: np.ndarray, top: float | None = None) -> float:
+    """Softmax probability of the argmax: one float32 exp over the vocabulary, no normalised copy."""
+    m = float(logits.max()) if top is None else top
+    return 1.0 / float(np.exp(logits - np.float32(m)).sum(dtype=np.float64))
 
 
 class ModelDrafter:
@@ -94,10 +91,11 @@ class ModelDrafter:
             logits = self.ctx.logits(idx)
             if sampler is None:
                 token = int(np.argmax(logits))
-                p = top_probability(logits)
-                if j >= self.n_min and p < self.p_min:
-                    break
-                draft.p_top.append(p)
+                if self.p_min > 0:  # the top probability costs an exp over the vocabulary: only when used
+                    p = top_probability(logits, float(logits[token]))
+                    if j >= self.n_min and p < self.p_min:
+                        break
+                    draft.p_top.append(p)
             else:
                 q = sampler.probs(logits)
                 token = draw(q, rng)

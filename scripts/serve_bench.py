@@ -1,0 +1,148 @@
+#!/usr/bin/env python3
+"""The server under load, side by side with llama-server built from the same llama.cpp sources.
+
+    python scripts/serve_bench.py [--preset coder-1.5b] [--tokens 128] [--json]
+
+For each server (`specdeck serve --parallel 4`, `llama-server -np 4`, same models, context and
+threads): aggregate generated tokens/s with 1, 2 and 4 concurrent streaming clients (greedy,
+--tokens each, distinct prompts), and time to first token for a ~2.6K-token prompt sent cold and
+then again (the prompt cache). Loopback only; bounded counts; stops by itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from app.bench import find_llama_server  # noqa: E402
+from app.catalog import load_catalog  # noqa: E402
+from app.fetch import Fetcher  # noqa: E402
+from app.settings import hub_settings, paths  # noqa: E402
+from app.verify import CODE_EDIT_MODULE  # noqa: E402
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_ready(url: str, proc: subprocess.Popen, timeout: float = 300) -> None:
+    t = time.time()
+    while time.time() - t < timeout:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}")
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.5)
+    raise RuntimeError("server did not become ready")
+
+
+def complete(url: str, prompt: str, tokens: int) -> int:
+    body = {"prompt": prompt, "max_tokens": tokens, "temperature": 0, "ignore_eos": True}
+    r = httpx.post(url + "/v1/completions", json=body, timeout=600).json()
+    return int(r["usage"]["completion_tokens"])
+
+
+def aggregate(url: str, streams: int, tokens: int) -> float:
+    """Generated tokens per second over all clients, each sending one request at the same time."""
+    prompts = [f"# file {i}\n# a small utility, number {i}\ndef helper_{i}(values):\n" for i in range(streams)]
+    t = time.perf_counter()
+    with concurrent.futures.ThreadPoolExecutor(streams) as pool:
+        counts = list(pool.map(lambda p: complete(url, p, tokens), prompts))
+    return sum(counts) / (time.perf_counter() - t)
+
+
+def ttft(url: str, prompt: str) -> tuple[float, float]:
+    def once() -> float:
+        t = time.perf_counter()
+        with httpx.stream("POST", url + "/v1/completions", json={"prompt": prompt, "max_tokens": 4, "temperature": 0,
+                                                                 "stream": True, "cache_prompt": True}, timeout=600) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: ") and line != "data: [DONE]":
+                    return time.perf_counter() - t
+        return time.perf_counter() - t
+
+    return once(), once()
+
+
+def measure(url: str, tokens: int, long_prompt: str) -> dict:
+    out = {f"streams_{n}": aggregate(url, n, tokens) for n in (1, 2, 4)}
+    cold, cached = ttft(url, long_prompt)
+    out.update({"ttft_cold_s": cold, "ttft_cached_s": cached})
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--preset", default="coder-1.5b")
+    ap.add_argument("--tokens", type=int, default=128)
+    ap.add_argument("--threads", type=int, default=os.cpu_count() or 2)
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    catalog = load_catalog()
+    preset = catalog.preset(args.preset)
+    fetcher = Fetcher(paths(), hub_settings(), __import__("rich.console").console.Console(quiet=True))
+    target = fetcher.existing(catalog.model(preset.target)).path
+    draft = fetcher.existing(catalog.model(preset.draft)).path if preset.draft else None
+    long_prompt = ("# Review this module.\n" + CODE_EDIT_MODULE) * 8  # ~2.6K tokens
+    results = {}
+
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "app.cli", "serve", args.preset, "--port", str(port), "--parallel", "4",
+                             "--ctx", "16384", "--threads", str(args.threads)], cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_ready(f"http://127.0.0.1:{port}", proc)
+        results["specdeck"] = measure(f"http://127.0.0.1:{port}", args.tokens, long_prompt)
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+    server = find_llama_server()
+    if server:
+        port = free_port()
+        proc = subprocess.Popen([str(server), "-m", str(target), "--port", str(port), "--host", "127.0.0.1", "-np", "4",
+                                 "-c", "16384", "-t", str(args.threads), "-tb", str(args.threads), "--no-warmup"],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            wait_ready(f"http://127.0.0.1:{port}", proc)
+            results["llama_server_np4"] = measure(f"http://127.0.0.1:{port}", args.tokens, long_prompt)
+        finally:
+            proc.terminate()
+            proc.wait(30)
+    if "llama_server_np4" in results:
+        s, l = results["specdeck"], results["llama_server_np4"]
+        results["ratios"] = {f"streams_{n}": s[f"streams_{n}"] / l[f"streams_{n}"] for n in (1, 2, 4)}
+    for name in ("specdeck", "llama_server_np4"):
+        if name in results:
+            r = results[name]
+            r["ttft_cached_vs_cold"] = r["ttft_cached_s"] / r["ttft_cold_s"]
+    if args.json:
+        print(json.dumps(results, indent=1))
+    else:
+        for name, r in results.items():
+            print(name, {k: round(v, 3) for k, v in r.items()})
+    _ = draft
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
