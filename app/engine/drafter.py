@@ -206,6 +206,7 @@ class AdaptiveDrafter:
         self.controller = controller
         self.lookup = lookup
         self.model = model
+        self.streak: dict[int, int] = {}  # per slot: lookup steps in a row whose drafts were all kept
 
     def propose(self, seq: int, history: Sequence[int], k: int, sampling: SamplingParams | None = None,
                 rng: np.random.Generator | None = None) -> Draft:
@@ -215,8 +216,11 @@ class AdaptiveDrafter:
             if seq in self.lookup.restarted:
                 self.lookup.restarted.discard(seq)
                 self.controller.new_request(seq)
+                self.streak[seq] = 0
             if tokens:
-                choice = self.controller.choose(f"lookup-{n}", len(tokens), self.LOOKUP_COST, seq)
+                # lookup drafts grow 2, 4, 8, 16 as they keep being right in this request: a miss is cheap
+                ramp = 2 << min(self.streak.get(seq, 0), 3)
+                choice = self.controller.choose(f"lookup-{n}", min(len(tokens), ramp), self.LOOKUP_COST, seq)
                 if choice.k > 0:
                     return Draft(tokens[: choice.k], None, source="lookup", match_len=n, choice=choice)
         if self.model is not None and k > 0:
@@ -234,6 +238,7 @@ class AdaptiveDrafter:
     def accepted(self, seq: int, draft: Draft, n_accepted: int) -> None:
         if draft.source == "lookup":
             self.controller.observe(f"lookup-{draft.match_len}", len(draft.tokens), n_accepted, seq)
+            self.streak[seq] = self.streak.get(seq, 0) + 1 if n_accepted == len(draft.tokens) else 0
         else:
             self.controller.observe(draft.source, len(draft.tokens), n_accepted)
 

@@ -67,7 +67,7 @@ def create_app(settings: ServeSettings, service: Service) -> FastAPI:
     app = FastAPI(title="specdeck", version=__version__, description="OpenAI-compatible API over a speculative llama.cpp engine")
     metrics = Metrics()
     app.state.service, app.state.metrics, app.state.settings = service, metrics, settings
-    app.state.count = lambda job, rec: _count(metrics, rec)  # the scheduler reports finished requests here
+    app.state.count = lambda job, rec: _finished(metrics, settings, service, job, rec)  # the scheduler reports here
     if settings.cors_origins:
         app.add_middleware(CORSMiddleware, allow_origins=settings.cors_origins, allow_methods=["*"], allow_headers=["*"])
 
@@ -356,6 +356,19 @@ async def _stream(request: Request, job: Job, text: TextStream, kind: str, rid: 
                             "usage": _usage(rec)})
     if kind != "infill":
         yield b"data: [DONE]\n\n"
+
+
+def _finished(metrics: Metrics, settings: ServeSettings, service: Service, job: Job, rec: RequestRecord) -> None:
+    """Count a finished request and log one structured line (text only when --log-prompts)."""
+    _count(metrics, rec)
+    line = {"request": job.id, "finish": rec.finish_reason, "prompt_tokens": rec.prompt_tokens,
+            "cached_tokens": rec.reused_tokens, "completion_tokens": len(rec.completion),
+            "ttft_ms": round(rec.ttft * 1e3, 1), "tok_s": round(rec.generation_tps or 0.0, 1),
+            "drafted": rec.drafted, "accepted": rec.accepted}
+    if settings.log_prompts and service.tokenizer is not None:
+        line["prompt"] = service.tokenizer.decode(job.request.prompt)
+        line["completion"] = service.tokenizer.decode(rec.completion)
+    log.info(json.dumps(line))
 
 
 def _count(metrics: Metrics, rec: RequestRecord) -> None:
