@@ -201,12 +201,13 @@ class AdaptiveDrafter:
 
     name = "adaptive"
     LOOKUP_COST = 2e-5  # seconds per proposed token: a dictionary lookup
+    LOOKUP_CAP_START, LOOKUP_CAP_MAX = 2, 64
 
     def __init__(self, controller: Controller, lookup: LookupDrafter | None, model: ModelDrafter | None) -> None:
         self.controller = controller
         self.lookup = lookup
         self.model = model
-        self.streak: dict[int, int] = {}  # per slot: lookup steps in a row whose drafts were all kept
+        self.cap: dict[int, int] = {}  # per slot: the longest lookup draft to try now
 
     def propose(self, seq: int, history: Sequence[int], k: int, sampling: SamplingParams | None = None,
                 rng: np.random.Generator | None = None) -> Draft:
@@ -216,11 +217,11 @@ class AdaptiveDrafter:
             if seq in self.lookup.restarted:
                 self.lookup.restarted.discard(seq)
                 self.controller.new_request(seq)
-                self.streak[seq] = 0
+                self.cap[seq] = self.LOOKUP_CAP_START
             if tokens:
-                # lookup drafts grow 2, 4, 8, 16 as they keep being right in this request: a miss is cheap
-                ramp = 2 << min(self.streak.get(seq, 0), 3)
-                choice = self.controller.choose(f"lookup-{n}", min(len(tokens), ramp), self.LOOKUP_COST, seq)
+                # lookup drafts double while they are kept whole and halve on a miss: a miss stays cheap
+                cap = self.cap.setdefault(seq, self.LOOKUP_CAP_START)
+                choice = self.controller.choose(f"lookup-{n}", min(len(tokens), cap), self.LOOKUP_COST, seq)
                 if choice.k > 0:
                     return Draft(tokens[: choice.k], None, source="lookup", match_len=n, choice=choice)
         if self.model is not None and k > 0:
@@ -238,7 +239,8 @@ class AdaptiveDrafter:
     def accepted(self, seq: int, draft: Draft, n_accepted: int) -> None:
         if draft.source == "lookup":
             self.controller.observe(f"lookup-{draft.match_len}", len(draft.tokens), n_accepted, seq)
-            self.streak[seq] = self.streak.get(seq, 0) + 1 if n_accepted == len(draft.tokens) else 0
+            cap = self.cap.get(seq, self.LOOKUP_CAP_START)
+            self.cap[seq] = min(cap * 2, self.LOOKUP_CAP_MAX) if n_accepted == len(draft.tokens) else max(cap // 2, 2)
         else:
             self.controller.observe(draft.source, len(draft.tokens), n_accepted)
 
