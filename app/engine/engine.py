@@ -32,6 +32,10 @@ class ContextOverflow(SpecdeckError):
     """The prompt (plus what must be generated) does not fit the context."""
 
 
+class PoolBusy(SpecdeckError):
+    """The shared KV pool is held by requests in flight: this one must wait."""
+
+
 class SpecParams(BaseModel):
     enabled: bool = True
     n_max: int = Field(8, ge=0, le=64)
@@ -97,6 +101,7 @@ class Engine:
         if len(req.prompt) >= self.target.n_ctx:
             raise ContextOverflow(f"prompt of {len(req.prompt):,} tokens does not fit the context of {self.target.n_ctx:,}")
         t0 = time.perf_counter()
+        self._make_room(slot, len(req.prompt))
         n = kv.sync(self.target, slot.id, slot.cached, req.prompt, self.window, need_logits=True)
         idx = kv.evaluate(self.target, slot.id, req.prompt, n, logits_last=True)
         slot.cached = list(req.prompt)
@@ -110,6 +115,21 @@ class Engine:
         slot.tokens = list(req.prompt) + [first]
         slot.record.t_prompt = slot.record.ttft = time.perf_counter() - t0
         return first
+
+    def _make_room(self, slot: Slot, need: int) -> None:
+        """The slots share one KV pool: drop idle slots' cached prefixes when the pool is short."""
+        used = sum(len(s.cached) for s in self.slots if s is not slot)
+        for s in self.slots:
+            if used + need <= self.target.n_ctx:
+                return
+            if s is not slot and s.request is None and s.cached:
+                used -= len(s.cached)
+                self.target.seq_rm(s.id, 0, -1)
+                s.cached = []
+                if self.drafter is not None:
+                    self.drafter.release(s.id)
+        if used + need > self.target.n_ctx:
+            raise PoolBusy(f"the context pool ({self.target.n_ctx:,} tokens) is held by requests in flight")
 
     def _first_token(self, slot: Slot, idx: int) -> int:
         req = slot.request

@@ -293,7 +293,8 @@ async def _generate(request: Request, service: Service, settings: ServeSettings,
         elif isinstance(event, Failed):
             failed = event
     if failed is not None:
-        raise ApiError(failed.status, failed.message, "server_error" if failed.status >= 500 else "invalid_request_error")
+        kind = "server_error" if failed.status >= 500 else "rate_limit_error" if failed.status == 429 else "invalid_request_error"
+        raise ApiError(failed.status, failed.message, kind, headers={"Retry-After": "1"} if failed.status == 429 else None)
     if record is None:
         raise ApiError(499, "client closed the request")
     parts.append(text.flush())

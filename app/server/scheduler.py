@@ -15,10 +15,11 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-from ..engine.engine import Engine, Request, Slot
+from ..engine.engine import Engine, PoolBusy, Request, Slot
 from ..engine.kv import common_prefix
 from ..engine.records import RequestRecord, StepRecord
 from ..errors import SpecdeckError
+from ..llama_ctx import DecodeError
 
 
 class QueueFull(SpecdeckError):
@@ -117,6 +118,9 @@ class Scheduler:
             slot = max(free, key=lambda s: common_prefix(s.cached, job.request.prompt))
             try:
                 first = self.engine.start(slot, job.request)
+            except PoolBusy as e:
+                job.send(Failed(f"the server is busy: {e.message}", 429))
+                continue
             except SpecdeckError as e:
                 job.send(Failed(e.message, 400))
                 continue
@@ -171,7 +175,12 @@ class Scheduler:
             jobs = list(self.active.values())
             try:
                 records = self.engine.step([j.slot for j in jobs])
-            except Exception as e:  # noqa: BLE001 - e.g. llama.cpp refusing a decode: fail these, go on
+            except DecodeError as e:  # llama.cpp refused the batch (KV pool full, out of memory): fail these, go on
+                for j in jobs:
+                    j.send(Failed(f"generation stopped: {e.message}; retry later or with a shorter request", 503))
+                    self._close(j, "error")
+                continue
+            except Exception as e:  # noqa: BLE001 - a failed step must not stop the server
                 for j in jobs:
                     j.send(Failed(f"generation failed: {e}"))
                     self._close(j, "error")
