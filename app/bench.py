@@ -121,7 +121,7 @@ def find_llama_server() -> Path | None:
     return Path(found) if found else None
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -133,7 +133,7 @@ def _post(url: str, body: dict, timeout: float = 600) -> dict:
         return json.loads(r.read())
 
 
-def _wait_ready(url: str, proc: subprocess.Popen, timeout: float = 180) -> None:
+def wait_ready(url: str, proc: subprocess.Popen, timeout: float = 300) -> None:
     t = time.time()
     while time.time() - t < timeout:
         if proc.poll() is not None:
@@ -155,13 +155,13 @@ def run_anchors(server: Path, target: Path, draft: Path | None, prompt_ids: dict
     for name, extra in ANCHORS.items():
         if "{draft}" in extra and draft is None:
             continue
-        port = _free_port()
+        port = free_port()
         args = [str(server), "-m", str(target), "--host", "127.0.0.1", "--port", str(port), "-t", str(threads),
                 "-tb", str(threads), "-c", str(n_ctx), "-np", "1", "--no-warmup"] + [a.replace("{draft}", str(draft)) for a in extra]
         proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         url = f"http://127.0.0.1:{port}"
         try:
-            _wait_ready(url, proc)
+            wait_ready(url, proc)
             for kind, ids in prompt_ids.items():
                 speeds = []
                 for _ in range(repeats):

@@ -15,11 +15,9 @@ import argparse
 import concurrent.futures
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import httpx
@@ -27,32 +25,11 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from app.bench import find_llama_server  # noqa: E402
+from app.bench import find_llama_server, free_port, wait_ready  # noqa: E402
 from app.catalog import load_catalog  # noqa: E402
 from app.fetch import Fetcher  # noqa: E402
 from app.settings import hub_settings, paths  # noqa: E402
 from app.verify import CODE_EDIT_MODULE  # noqa: E402
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_ready(url: str, proc: subprocess.Popen, timeout: float = 300) -> None:
-    t = time.time()
-    while time.time() - t < timeout:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode}")
-        try:
-            with urllib.request.urlopen(url + "/health", timeout=2) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(0.5)
-    raise RuntimeError("server did not become ready")
 
 
 def complete(url: str, prompt: str, tokens: int) -> int:
