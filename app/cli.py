@@ -147,17 +147,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
     fetcher = _fetcher(args)
     target = read_model_info(_local_path(fetcher, sel.target))
     draft = read_model_info(_local_path(fetcher, sel.draft)) if sel.draft else None
-    req = PlanRequest(
+    req = _plan_request(
+        args,
         device=args.device,
         vram=parse_size(args.vram) if args.vram else None,
         ram=parse_size(args.ram) if args.ram else None,
-        ctx=args.ctx,
-        ctx_is_user_choice=args.ctx is not None,
-        cache_type_k=args.cache_type_k or args.cache_type,
-        cache_type_v=args.cache_type_v or args.cache_type,
-        n_gpu_layers=args.n_gpu_layers,
-        parallel=args.parallel,
-        draft_max=args.draft_max,
         n_ubatch=args.ubatch,
         reserve=parse_size(args.reserve) if args.reserve else None,
         margin=parse_size(args.margin) if args.margin else None,
@@ -281,9 +275,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     target = read_model_info(_local_path(fetcher, sel.target))
     draft = read_model_info(_local_path(fetcher, sel.draft)) if sel.draft and settings.speculative else None
     hw = detect()
-    req = PlanRequest(ctx=args.ctx, ctx_is_user_choice=args.ctx is not None, parallel=args.parallel,
-                      n_gpu_layers=args.n_gpu_layers, draft_max=settings.draft_max,
-                      cache_type_k=args.cache_type_k or args.cache_type, cache_type_v=args.cache_type_v or args.cache_type)
+    req = _plan_request(args).model_copy(update={"draft_max": settings.draft_max})
     plan = make_plan(target, draft, req, hw, sel.context)
     for w in plan.warnings:
         console.print(f"[yellow]warning:[/] {w}")
@@ -298,6 +290,26 @@ def _add_selection(p: argparse.ArgumentParser) -> None:
     p.add_argument("name", nargs="?", help="preset, catalogue model, or hf://owner/repo/file.gguf[@rev] (default: the preset for this machine)")
     p.add_argument("--target", help="target model: catalogue name, hf:// URI or GGUF path")
     p.add_argument("--draft", help="draft model: catalogue name, hf:// URI or GGUF path")
+
+
+def _add_plan_overrides(p: argparse.ArgumentParser) -> None:
+    """The planner's inputs a user may fix (shared by plan and serve)."""
+    p.add_argument("--ctx", type=int, help="context length (default: the preset's; shrunk to fit unless given)")
+    p.add_argument("--cache-type", help="K and V cache type (f16, q8_0, q4_0, ...)")
+    p.add_argument("--cache-type-k", help="K cache type")
+    p.add_argument("--cache-type-v", help="V cache type")
+    p.add_argument("--n-gpu-layers", type=int, help="target layers on the GPU (default: all that fit)")
+    p.add_argument("--parallel", type=int, help="concurrent slots")
+    p.add_argument("--draft-max", type=int, help="most tokens drafted per step")
+
+
+def _plan_request(args: argparse.Namespace, **more) -> PlanRequest:
+    """A PlanRequest from the shared override flags (plus what the command adds)."""
+    return PlanRequest(
+        ctx=args.ctx, ctx_is_user_choice=args.ctx is not None,
+        cache_type_k=args.cache_type_k or args.cache_type, cache_type_v=args.cache_type_v or args.cache_type,
+        n_gpu_layers=args.n_gpu_layers, parallel=args.parallel, draft_max=args.draft_max, **more,
+    )
 
 
 class _Parser(argparse.ArgumentParser):
@@ -332,13 +344,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--vram", help="the GPU's total memory, e.g. 24GiB (default: free memory read with pynvml)")
     p.add_argument("--ram", help="host memory budget (default: available memory)")
     p.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto", help="plan for the GPU or for host RAM")
-    p.add_argument("--ctx", type=int, help="context length (default: the preset's; shrunk to fit unless given)")
-    p.add_argument("--cache-type", help="K and V cache type (f16, q8_0, q4_0, ...)")
-    p.add_argument("--cache-type-k", help="K cache type")
-    p.add_argument("--cache-type-v", help="V cache type")
-    p.add_argument("--n-gpu-layers", type=int, help="target layers on the GPU (default: all that fit)")
-    p.add_argument("--parallel", type=int, help="concurrent slots")
-    p.add_argument("--draft-max", type=int, help="most tokens drafted per step")
+    _add_plan_overrides(p)
     p.add_argument("--ubatch", type=int, help="physical batch size (n_ubatch)")
     p.add_argument("--reserve", help="runtime reserve (CUDA context, driver, display), e.g. 768MiB")
     p.add_argument("--margin", help="safety margin, e.g. 512MiB")
@@ -371,14 +377,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, help="port (default 8000)")
     p.add_argument("--api-key-file", help="file holding the API key (or set SPECDECK_API_KEY)")
     p.add_argument("--config", help="TOML config file (default: ~/.config/specdeck/config.toml if present)")
-    p.add_argument("--ctx", type=int, help="context length (default: the preset's, shrunk to fit)")
-    p.add_argument("--cache-type", help="K and V cache type")
-    p.add_argument("--cache-type-k", help="K cache type")
-    p.add_argument("--cache-type-v", help="V cache type")
-    p.add_argument("--parallel", type=int, help="concurrent slots")
-    p.add_argument("--n-gpu-layers", type=int, help="target layers on the GPU")
+    _add_plan_overrides(p)
     p.add_argument("--threads", type=int, help="CPU threads (default: physical cores)")
-    p.add_argument("--draft-max", type=int, help="most tokens drafted per step (default 8)")
     p.add_argument("--max-queue", type=int, help="queued requests beyond busy slots before 429 (default 16)")
     p.add_argument("--cors-origin", action="append", help="allow this origin (repeatable; CORS is off otherwise)")
     p.add_argument("--no-speculative", action="store_true", help="start with speculation off")

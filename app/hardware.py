@@ -26,10 +26,6 @@ class Hardware:
     ram_available: int
     cpu_count: int
 
-    @property
-    def has_24gb_gpu(self) -> bool:
-        return any(g.total >= GPU_24GB_MIN_TOTAL for g in self.gpus)
-
 
 def read_gpus() -> tuple[Gpu, ...]:
     """Every NVIDIA GPU the driver reports; none where there is no driver or no NVML."""

@@ -45,9 +45,6 @@ class ByteTask:
     def advance(self, n: int) -> None:
         self.progress.advance(self.task, n)
 
-    def reset(self, completed: int, total: int | None = None) -> None:
-        self.progress.update(self.task, completed=completed, total=total)
-
 
 @contextmanager
 def byte_task(console: Console, description: str, total: int | None) -> Iterator[ByteTask]:

@@ -67,6 +67,18 @@ def measure(url: str, tokens: int, long_prompt: str) -> dict:
     return out
 
 
+def run_server(command, tokens: int, long_prompt: str) -> dict:
+    """Start a server on a free loopback port, measure it, stop it."""
+    port = free_port()
+    proc = subprocess.Popen(command(port), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_ready(f"http://127.0.0.1:{port}", proc)
+        return measure(f"http://127.0.0.1:{port}", tokens, long_prompt)
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--preset", default="coder-1.5b")
@@ -78,33 +90,18 @@ def main() -> int:
     preset = catalog.preset(args.preset)
     fetcher = Fetcher(paths(), hub_settings(), __import__("rich.console").console.Console(quiet=True))
     target = fetcher.existing(catalog.model(preset.target)).path
-    draft = fetcher.existing(catalog.model(preset.draft)).path if preset.draft else None
     long_prompt = ("# Review this module.\n" + CODE_EDIT_MODULE) * 8  # ~2.6K tokens
     results = {}
 
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "app.cli", "serve", args.preset, "--port", str(port), "--parallel", "4",
-                             "--ctx", "16384", "--threads", str(args.threads)], cwd=ROOT,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        wait_ready(f"http://127.0.0.1:{port}", proc)
-        results["specdeck"] = measure(f"http://127.0.0.1:{port}", args.tokens, long_prompt)
-    finally:
-        proc.terminate()
-        proc.wait(30)
-
+    results["specdeck"] = run_server(
+        lambda port: [sys.executable, "-m", "app.cli", "serve", args.preset, "--port", str(port), "--parallel", "4",
+                      "--ctx", "16384", "--threads", str(args.threads)], args.tokens, long_prompt)
     server = find_llama_server()
     if server:
-        port = free_port()
-        proc = subprocess.Popen([str(server), "-m", str(target), "--port", str(port), "--host", "127.0.0.1", "-np", "4",
-                                 "-c", "16384", "-t", str(args.threads), "-tb", str(args.threads), "--no-warmup"],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        try:
-            wait_ready(f"http://127.0.0.1:{port}", proc)
-            results["llama_server_np4"] = measure(f"http://127.0.0.1:{port}", args.tokens, long_prompt)
-        finally:
-            proc.terminate()
-            proc.wait(30)
+        results["llama_server_np4"] = run_server(
+            lambda port: [str(server), "-m", str(target), "--port", str(port), "--host", "127.0.0.1", "-np", "4",
+                          "-c", "16384", "-t", str(args.threads), "-tb", str(args.threads), "--no-warmup"],
+            args.tokens, long_prompt)
     if "llama_server_np4" in results:
         s, l = results["specdeck"], results["llama_server_np4"]
         results["ratios"] = {f"streams_{n}": s[f"streams_{n}"] / l[f"streams_{n}"] for n in (1, 2, 4)}
@@ -117,7 +114,6 @@ def main() -> int:
     else:
         for name, r in results.items():
             print(name, {k: round(v, 3) for k, v in r.items()})
-    _ = draft
     return 0
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
@@ -25,7 +25,6 @@ from .sampling import SamplingParams, TokenSampler
 class Draft:
     tokens: list[int]
     q: list[np.ndarray] | None = None  # the distributions the tokens were drawn from (rejection sampling)
-    p_top: list[float] = field(default_factory=list)
     source: str = ""  # which drafter proposed them
     match_len: int = 0  # prompt lookup: the n-gram length that matched
     choice: Choice | None = None  # the controller's decision, when one decided
@@ -92,10 +91,8 @@ class ModelDrafter:
             if sampler is None:
                 token = int(np.argmax(logits))
                 if self.p_min > 0:  # the top probability costs an exp over the vocabulary: only when used
-                    p = top_probability(logits, float(logits[token]))
-                    if j >= self.n_min and p < self.p_min:
+                    if j >= self.n_min and top_probability(logits, float(logits[token])) < self.p_min:
                         break
-                    draft.p_top.append(p)
             else:
                 q = sampler.probs(logits)
                 token = draw(q, rng)

@@ -94,8 +94,9 @@ class Engine:
 
     # -- a request's life ---------------------------------------------------------------------
 
-    def start(self, slot: Slot, req: Request) -> int:
-        """Evaluate the prompt (reusing the cached prefix) and sample the first token. Returns it."""
+    def start(self, slot: Slot, req: Request) -> StepRecord:
+        """Evaluate the prompt (reusing the cached prefix) and sample the first token; returns the
+        first step's record (which may already finish the request)."""
         if not req.prompt:
             raise SpecdeckError("empty prompt")
         if len(req.prompt) >= self.target.n_ctx:
@@ -112,9 +113,18 @@ class Engine:
         slot.sampler = TokenSampler(req.sampling, self.n_vocab)
         slot.rng = np.random.default_rng(req.sampling.seed)
         first = self._first_token(slot, idx)
+        trace = _top2(self.target.logits(idx)) if req.trace else None
         slot.tokens = list(req.prompt) + [first]
+        slot.generated = 1
         slot.record.t_prompt = slot.record.ttft = time.perf_counter() - t0
-        return first
+        slot.record.completion.append(first)
+        rec = StepRecord(slot.id, [first], 0, 0, 0, "none", 0.0, slot.record.t_prompt, 0.0,
+                         [trace[0]] if trace else None, [trace[1]] if trace else None)
+        if first in req.stop_tokens:
+            rec.finish_reason = "stop"
+        elif req.max_tokens <= 1:
+            rec.finish_reason = "length"
+        return rec
 
     def _make_room(self, slot: Slot, need: int) -> None:
         """The slots share one KV pool: drop idle slots' cached prefixes when the pool is short."""
@@ -264,17 +274,7 @@ class Engine:
         slot = self.slots[slot_id]
         t0 = time.perf_counter()
         try:
-            first = self.start(slot, req)
-            assert slot.record is not None
-            rec = StepRecord(slot.id, [], 0, 0, 0, "none", 0.0, slot.record.t_prompt, 0.0)
-            trace = self._trace_first(slot) if req.trace else (None, None)
-            rec.tokens, rec.target_argmax, rec.top2_gap = [first], trace[0], trace[1]
-            slot.generated = 1
-            if first in req.stop_tokens:
-                rec.finish_reason = "stop"
-            elif req.max_tokens <= 1:
-                rec.finish_reason = "length"
-            slot.record.completion.append(first)
+            rec = self.start(slot, req)
             yield rec
             finish = rec.finish_reason
             while finish is None:
@@ -290,11 +290,6 @@ class Engine:
             if self.target.pos_max(slot.id) >= len(slot.cached):  # a step broke off mid-way
                 n = kv.truncate(self.target, slot.id, len(slot.cached), self.window)
                 del slot.cached[n:]
-
-    def _trace_first(self, slot: Slot) -> tuple[list[int], list[float]]:
-        # the prompt's last logits are still the context's last output
-        i, gap = _top2(self.target.logits(-1))
-        return [i], [gap]
 
 
 def can_roll_back(ctx: Context) -> bool:

@@ -31,7 +31,7 @@ from ..engine.text import Tokenizer
 from ..hardware import read_gpus
 from .metrics import Metrics
 from .scheduler import Done, Failed, Job, QueueFull, Scheduler
-from .schemas import ChatRequest, CompletionRequest, InfillRequest, Sampling
+from .schemas import MAX_STOP_STRINGS, ChatRequest, CompletionRequest, InfillRequest, Sampling
 from .settings import ServeSettings
 from .textstream import TextStream
 
@@ -209,8 +209,8 @@ def _engine_request(body: Sampling, ids: list[int], service: Service, settings: 
     if len(ids) >= n_ctx:
         raise ApiError(400, f"the prompt is {len(ids):,} tokens; this server's context is {n_ctx:,} tokens",
                        param="messages", type_="invalid_request_error")
-    if len(body.stops()) > MAX_STOPS:
-        raise ApiError(400, f"at most {MAX_STOPS} stop strings", param="stop")
+    if len(body.stops()) > MAX_STOP_STRINGS:
+        raise ApiError(400, f"at most {MAX_STOP_STRINGS} stop strings", param="stop")
     max_tokens = body.max_completion_tokens or body.max_tokens or min(settings.max_tokens, n_ctx - len(ids))
     max_tokens = min(max_tokens, settings.max_tokens, n_ctx - len(ids))
     spec = body.speculative
@@ -226,8 +226,6 @@ def _engine_request(body: Sampling, ids: list[int], service: Service, settings: 
         stop_tokens=service.tokenizer.stop_tokens,
     )
 
-
-MAX_STOPS = 16
 
 
 def _timings(rec: RequestRecord) -> dict:
@@ -387,7 +385,8 @@ def _recent_tps(service: Service, window: float = 10.0) -> float:
     return n / window
 
 
-def _refresh_gauges(service: Service, metrics: Metrics) -> None:
+def _refresh_gauges(service: Service, metrics: Metrics) -> list:
+    """Update the gauges; returns the GPUs it read (so callers need not ask NVML twice)."""
     metrics.queue_depth.set(service.scheduler.queue_depth())
     metrics.busy_slots.set(service.scheduler.busy_slots())
     metrics.tokens_per_second.set(_recent_tps(service))
@@ -397,10 +396,11 @@ def _refresh_gauges(service: Service, metrics: Metrics) -> None:
     gpus = read_gpus()
     if gpus:
         metrics.vram_used.set(gpus[0].total - gpus[0].free)
+    return list(gpus)
 
 
 def _status(service: Service, metrics: Metrics) -> dict:
-    _refresh_gauges(service, metrics)
+    gpus = _refresh_gauges(service, metrics)
     eng = service.scheduler.engine
     slots = []
     for s in eng.slots:
@@ -408,7 +408,6 @@ def _status(service: Service, metrics: Metrics) -> dict:
         slots.append({"id": s.id, "state": "generating" if job else "idle", "cached_tokens": len(s.cached),
                       "generated": s.generated if job else 0})
     drafted = metrics.drafted._value.get()
-    gpus = read_gpus()
     vm = psutil.virtual_memory()
     return {
         "models": service.models, "plan": service.plan, "slots": slots,

@@ -117,7 +117,7 @@ class Scheduler:
                 continue
             slot = max(free, key=lambda s: common_prefix(s.cached, job.request.prompt))
             try:
-                first = self.engine.start(slot, job.request)
+                rec = self.engine.start(slot, job.request)
             except PoolBusy as e:
                 job.send(Failed(f"the server is busy: {e.message}", 429))
                 continue
@@ -129,14 +129,6 @@ class Scheduler:
                 continue
             job.slot = slot
             job.t_first = time.perf_counter()
-            slot.generated = 1
-            rec = StepRecord(slot.id, [first], 0, 0, 0, "none", 0.0, slot.record.t_prompt, 0.0)
-            req = job.request
-            if first in req.stop_tokens:
-                rec.finish_reason = "stop"
-            elif req.max_tokens <= 1:
-                rec.finish_reason = "length"
-            slot.record.completion.append(first)
             self.active[slot.id] = job
             self._deliver(job, rec)
 
