@@ -141,6 +141,43 @@ def test_prefix_reuse_and_context_overflow(tiny):
     assert steps[-1].finish_reason == "context" and len(out) < 60
 
 
+def test_shared_pool_full_at_a_step_evicts_idle_caches(tiny):
+    """Admission counts only the prompt: the next token must still find a cell. An idle slot's
+    cached prefix gives way; the step never reaches llama.cpp with a batch that cannot fit."""
+    r = rig(tiny.target, tiny.draft, n_ctx=256)
+    eng = r.engine
+    n_ctx = r.target.n_ctx
+    run(eng, Request(prompt=[1] + [300] * 200, max_tokens=20, speculative=SpecParams(n_max=4)), slot=0)
+    held = len(eng.slots[0].cached)
+    prompt = [1] + [290] * (n_ctx - held - 1)  # fits exactly: the first step needs one more cell
+    out, steps = run(eng, Request(prompt=prompt, max_tokens=5, speculative=SpecParams(n_max=4)), slot=1)
+    assert steps[-1].finish_reason in ("length", "context") and out
+    assert eng.slots[0].cached == [] and r.target.pos_max(0) == -1
+
+
+def test_shared_pool_full_with_active_requests_ends_at_the_limit(tiny):
+    """Two requests in flight that outgrow the shared pool end with finish 'context', no failed decode."""
+    r = rig(tiny.target, tiny.draft, n_ctx=256)
+    eng = r.engine
+    a, b = eng.slots
+    eng.start(a, Request(prompt=[1] + [300] * 100, max_tokens=500, speculative=SpecParams(n_max=6)))
+    eng.start(b, Request(prompt=[1] + [290] * 100, max_tokens=500, speculative=SpecParams(n_max=6)))
+    live, reasons = [a, b], {}
+    for _ in range(200):
+        if not live:
+            break
+        for rec in eng.step(live):
+            if rec.finish_reason:
+                reasons[rec.slot] = rec.finish_reason
+                eng.finish(eng.slots[rec.slot], rec.finish_reason)
+        live = [s for s in live if s.request is not None]
+        used = sum(len(s.cached) for s in eng.slots)
+        assert used <= r.target.n_ctx
+    assert set(reasons.values()) == {"context"} and len(reasons) == 2
+    for s in (a, b):
+        assert r.target.pos_max(s.id) == len(s.cached) - 1
+
+
 def test_generator_closed_midway_keeps_cache_consistent(tiny):
     r = rig(tiny.target, tiny.draft)
     gen = r.engine.generate(Request(prompt=PROMPT, max_tokens=100, speculative=SpecParams(n_max=4)))
@@ -243,3 +280,15 @@ def test_hybrid_model_without_snapshots_is_refused(hybrid):
     with pytest.raises(Exception, match="cannot roll them back"):
         Engine(Context(m, params(n_rs_seq=0), 1), ModelDrafter(Context(m, params(), 1)), 2)
     Engine(Context(m, params(n_rs_seq=0), 1), None, 2)  # plain decoding is fine
+
+
+def test_draft_pool_full_gives_a_shorter_draft_not_an_error(tiny):
+    dc = Context(Model(tiny.draft), params(256, 1), 1)
+    d = ModelDrafter(dc)
+    n_ctx = dc.n_ctx
+    history = [1] + [300] * (n_ctx - 3)
+    draft = d.propose(0, history, 8)
+    assert 0 < len(draft.tokens) < 8
+    assert dc.pos_max(0) == len(d.cached[0]) - 1 and d.cached[0] == history[: len(d.cached[0])]
+    assert d.propose(0, [1] + [300] * (n_ctx + 5), 4).tokens == []  # the history itself does not fit
+    assert dc.pos_max(0) == len(d.cached[0]) - 1

@@ -14,7 +14,7 @@ from typing import Protocol
 
 import numpy as np
 
-from ..llama_ctx import Context
+from ..llama_ctx import Context, DecodeError
 from . import kv
 from .accept import draw
 from .controller import Choice, Controller
@@ -82,7 +82,11 @@ class ModelDrafter:
             return draft
         cached = self.cached.setdefault(seq, [])
         n = kv.sync(self.ctx, seq, cached, history, self.window, need_logits=True)
-        idx = kv.evaluate(self.ctx, seq, history, n, logits_last=True)
+        try:
+            idx = kv.evaluate(self.ctx, seq, history, n, logits_last=True)
+        except DecodeError:  # the draft's pool is full: no draft this step (the target goes on alone)
+            self._resync(seq, history)
+            return draft
         cached[:] = list(history)
         sampler = self._sampler(seq, sampling) if sampling is not None else None
         pos = len(history)
@@ -103,10 +107,19 @@ class ModelDrafter:
             b = self.ctx.batch
             b.clear()
             idx = b.add(token, pos, seq, True)
-            self.ctx.decode(b)
+            try:
+                self.ctx.decode(b)
+            except DecodeError:
+                self._resync(seq, history)
+                break
             cached.append(token)
             pos += 1
         return draft
+
+    def _resync(self, seq: int, history: Sequence[int]) -> None:
+        """After a refused decode: keep only what the cache surely holds."""
+        n = kv.truncate(self.ctx, seq, min(self.ctx.pos_max(seq) + 1, len(history)), self.window)
+        self.cached[seq] = list(history[:n])
 
     def accepted(self, seq: int, draft: Draft, n_accepted: int) -> None:
         pass  # the next propose() brings the cache in step with the new history

@@ -127,19 +127,39 @@ class Engine:
         return rec
 
     def _make_room(self, slot: Slot, need: int) -> None:
-        """The slots share one KV pool: drop idle slots' cached prefixes when the pool is short."""
-        used = sum(len(s.cached) for s in self.slots if s is not slot)
+        """Room for `need` cells on `slot` (besides what the other slots hold), else PoolBusy."""
+        if self._free_cells(need, keep={slot.id}, mine=slot) < need:
+            raise PoolBusy(f"the context pool ({self.target.n_ctx:,} tokens) is held by requests in flight")
+
+    def _free_cells(self, need: int, keep: set[int], mine: Slot | None = None) -> int:
+        """The slots share one KV pool: drop idle slots' cached prefixes (never those in `keep`)
+        until `need` cells are free; returns the cells free (not counting `mine`'s own cache)."""
+        free = self.target.n_ctx - sum(len(s.cached) for s in self.slots if s is not mine)
         for s in self.slots:
-            if used + need <= self.target.n_ctx:
-                return
-            if s is not slot and s.request is None and s.cached:
-                used -= len(s.cached)
+            if free >= need:
+                break
+            if s.id not in keep and s.request is None and s.cached:
+                free += len(s.cached)
                 self.target.seq_rm(s.id, 0, -1)
                 s.cached = []
                 if self.drafter is not None:
                     self.drafter.release(s.id)
-        if used + need > self.target.n_ctx:
-            raise PoolBusy(f"the context pool ({self.target.n_ctx:,} tokens) is held by requests in flight")
+        return free
+
+    def _budget(self, slots: Sequence[Slot], ks: dict[int, int]) -> list[Slot]:
+        """Fit this step in the shared pool: each slot needs one cell for its next token and one per
+        drafted token. Drafts shrink first; slots that cannot get a single cell are returned (their
+        requests end at the context limit) and ks is cut to what fits."""
+        free = self._free_cells(sum(1 + k for k in ks.values()), keep={s.id for s in slots})
+        starved = list(slots[max(0, free):])
+        left = max(0, free) - (len(slots) - len(starved))
+        for s in slots:
+            if s in starved:
+                ks[s.id] = 0
+                continue
+            ks[s.id] = min(ks[s.id], left)
+            left -= ks[s.id]
+        return starved
 
     def _first_token(self, slot: Slot, idx: int) -> int:
         req = slot.request
@@ -171,10 +191,14 @@ class Engine:
 
     def step(self, slots: Sequence[Slot]) -> list[StepRecord]:
         """One speculative step for every slot given: draft, one batched verify, accept, roll back."""
-        drafts, t_draft, ks = {}, {}, {}
+        ks = {s.id: self._k_for(s) for s in slots}
+        starved = self._budget(slots, ks)
+        ended = [StepRecord(s.id, [], 0, 0, 0, "none", 0.0, 0.0, 0.0, finish_reason="context") for s in starved]
+        slots = [s for s in slots if s not in starved]
+        drafts, t_draft = {}, {}
         for s in slots:
             t = time.perf_counter()
-            k = ks[s.id] = self._k_for(s)
+            k = ks[s.id]
             req = s.request
             assert req is not None
             rejection = req.speculative.mode == "rejection" and not req.sampling.greedy
@@ -182,6 +206,8 @@ class Engine:
                             if k > 0 and self.drafter else Draft([]))
             t_draft[s.id] = time.perf_counter() - t
 
+        if not slots:
+            return ended
         t = time.perf_counter()
         batch = self.target.batch
         batch.clear()
@@ -199,7 +225,7 @@ class Engine:
             controller.costs.observe_verify(len(batch), t_verify)
         t_verify /= max(1, len(slots))
 
-        out = []
+        out = ended
         for s in slots:
             t = time.perf_counter()
             d = drafts[s.id]
