@@ -21,6 +21,7 @@ from .hardware import default_preset_reason, detect
 from .plan_view import render_plan
 from .planner import PlanRequest, make_plan
 from .refs import ModelRef, Selection, select
+from .server.settings import ServeSettings
 from .settings import hub_settings, paths
 from .units import parse_size
 
@@ -252,23 +253,35 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 # -- serve -----------------------------------------------------------------------------------
 
-def cmd_serve(args: argparse.Namespace) -> int:
-    import logging
-
-    from .server.serve import serve
+def _serve_settings(args: argparse.Namespace) -> ServeSettings:
+    """Server settings: config file, then SPECDECK_* variables, then flags (serve, up and run)."""
     from .server.settings import load_settings, read_key_file
+
+    config = Path(args.config) if args.config else paths().config_dir / "config.toml"
+    overrides = {"host": getattr(args, "host", None), "port": getattr(args, "port", None),
+                 "max_queue": getattr(args, "max_queue", None), "draft_max": args.draft_max,
+                 "cors_origins": getattr(args, "cors_origin", None), "log_prompts": getattr(args, "log_prompts", False) or None,
+                 "speculative": False if args.no_speculative else None}
+    if getattr(args, "api_key_file", None):
+        overrides["api_key"] = read_key_file(Path(args.api_key_file))
+    settings = load_settings(config if args.config or config.exists() else None, overrides)
+    settings.check()
+    return settings
+
+
+def _server_logging() -> None:
+    import logging
 
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     for noisy in ("httpx", "uvicorn.error"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
-    config = Path(args.config) if args.config else paths().config_dir / "config.toml"
-    overrides = {"host": args.host, "port": args.port, "max_queue": args.max_queue, "draft_max": args.draft_max,
-                 "cors_origins": args.cors_origin, "log_prompts": args.log_prompts or None,
-                 "speculative": False if args.no_speculative else None}
-    if args.api_key_file:
-        overrides["api_key"] = read_key_file(Path(args.api_key_file))
-    settings = load_settings(config if args.config or config.exists() else None, overrides)
-    settings.check()
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from .server.serve import serve
+
+    _server_logging()
+    settings = _serve_settings(args)
     catalog = _catalog(args)
     sel = _selection(args, catalog)
     fetcher = _fetcher(args)
@@ -282,6 +295,43 @@ def cmd_serve(args: argparse.Namespace) -> int:
     console.print(f"serving {sel.name} on http://{settings.host}:{settings.port} (context {plan.ctx:,}, "
                   f"{plan.parallel} slots, speculation {'on' if settings.speculative and draft else 'lookup only' if settings.speculative else 'off'})")
     return serve(settings, plan, target, draft, args.threads or hw.cpu_count, sel.name)
+
+
+# -- up, dash, run -----------------------------------------------------------------------------
+
+def cmd_up(args: argparse.Namespace) -> int:
+    from .up import up
+
+    _server_logging()
+    return up(args, _serve_settings(args), console, out)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from .up import run
+
+    return run(args, _serve_settings(args), console, out)
+
+
+def cmd_dash(args: argparse.Namespace) -> int:
+    from .dashboard import api_key_from_env, fetch_snapshot
+    from .up import watch
+
+    url = args.url.rstrip("/")
+    if not url.startswith(("http://", "https://")):
+        raise SpecdeckError(f"--url must start with http:// or https:// (got {url})")
+    key = api_key_from_env()
+    fetch_snapshot(url, key)  # a wrong key is one clear line before the screen opens
+    if args.once:
+        from .dashboard import log_line, render
+
+        snap = fetch_snapshot(url, key)
+        out.print(render(snap) if out.is_terminal or not args.log else log_line(snap))
+        return 0
+    try:
+        watch(lambda: fetch_snapshot(url, key), out, args.interval, args.log_interval)
+    except KeyboardInterrupt:
+        pass
+    return 0
 
 
 # -- wiring ----------------------------------------------------------------------------------
@@ -301,6 +351,20 @@ def _add_plan_overrides(p: argparse.ArgumentParser) -> None:
     p.add_argument("--n-gpu-layers", type=int, help="target layers on the GPU (default: all that fit)")
     p.add_argument("--parallel", type=int, help="concurrent slots")
     p.add_argument("--draft-max", type=int, help="most tokens drafted per step")
+
+
+def _add_serve_flags(p: argparse.ArgumentParser) -> None:
+    """What serve and up share: address, key, config, planner overrides, limits."""
+    p.add_argument("--host", help="address to bind (default 127.0.0.1; another needs an API key)")
+    p.add_argument("--port", type=int, help="port (default 8000)")
+    p.add_argument("--api-key-file", help="file holding the API key (or set SPECDECK_API_KEY)")
+    p.add_argument("--config", help="TOML config file (default: ~/.config/specdeck/config.toml if present)")
+    _add_plan_overrides(p)
+    p.add_argument("--threads", type=int, help="CPU threads (default: physical cores)")
+    p.add_argument("--max-queue", type=int, help="queued requests beyond busy slots before 429 (default 16)")
+    p.add_argument("--cors-origin", action="append", help="allow this origin (repeatable; CORS is off otherwise)")
+    p.add_argument("--no-speculative", action="store_true", help="start with speculation off")
+    p.add_argument("--log-prompts", action="store_true", help="log request text (off by default)")
 
 
 def _plan_request(args: argparse.Namespace, **more) -> PlanRequest:
@@ -373,17 +437,36 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("serve", help="serve the pair behind an OpenAI-compatible API")
     _add_selection(p)
-    p.add_argument("--host", help="address to bind (default 127.0.0.1; another needs an API key)")
-    p.add_argument("--port", type=int, help="port (default 8000)")
-    p.add_argument("--api-key-file", help="file holding the API key (or set SPECDECK_API_KEY)")
-    p.add_argument("--config", help="TOML config file (default: ~/.config/specdeck/config.toml if present)")
-    _add_plan_overrides(p)
-    p.add_argument("--threads", type=int, help="CPU threads (default: physical cores)")
-    p.add_argument("--max-queue", type=int, help="queued requests beyond busy slots before 429 (default 16)")
-    p.add_argument("--cors-origin", action="append", help="allow this origin (repeatable; CORS is off otherwise)")
-    p.add_argument("--no-speculative", action="store_true", help="start with speculation off")
-    p.add_argument("--log-prompts", action="store_true", help="log request text (off by default)")
+    _add_serve_flags(p)
     p.set_defaults(func=cmd_serve, offline=True, verify=False)
+
+    p = sub.add_parser("up", help="pull, verify, check, plan, load, warm up and serve, with a live dashboard")
+    _add_selection(p)
+    _add_serve_flags(p)
+    p.add_argument("--offline", action="store_true", help="use only what is on disk (as HF_HUB_OFFLINE=1)")
+    p.add_argument("--verify", action="store_true", help="re-hash every model file even if it was verified before")
+    p.add_argument("--interval", type=float, default=1.0, help="dashboard refresh, seconds (default 1)")
+    p.add_argument("--log-interval", type=float, default=10.0, help="seconds between status lines when stdout is not a terminal")
+    p.set_defaults(func=cmd_up)
+
+    p = sub.add_parser("dash", help="the live dashboard of a running server (from its /v1/status and /metrics)")
+    p.add_argument("--url", default="http://127.0.0.1:8000", help="the server (default http://127.0.0.1:8000); API key from SPECDECK_API_KEY")
+    p.add_argument("--interval", type=float, default=1.0, help="refresh, seconds (default 1)")
+    p.add_argument("--log-interval", type=float, default=10.0, help="seconds between status lines when stdout is not a terminal")
+    p.add_argument("--once", action="store_true", help="draw once and exit")
+    p.add_argument("--log", action="store_true", help="with --once and no terminal: one log line instead of the panel")
+    p.set_defaults(func=cmd_dash)
+
+    p = sub.add_parser("run", help="chat with the pair in the terminal (streamed, with tokens/s and acceptance)")
+    _add_selection(p)
+    _add_plan_overrides(p)
+    p.add_argument("--config", help="TOML config file (default: ~/.config/specdeck/config.toml if present)")
+    p.add_argument("--threads", type=int, help="CPU threads (default: physical cores)")
+    p.add_argument("--max-tokens", type=int, default=1024, help="most tokens per answer (default 1024)")
+    p.add_argument("--no-speculative", action="store_true", help="plain decoding")
+    p.add_argument("--offline", action="store_true", help="use only what is on disk (as HF_HUB_OFFLINE=1)")
+    p.add_argument("--verify", action="store_true", help="re-hash every model file even if it was verified before")
+    p.set_defaults(func=cmd_run)
     return parser
 
 

@@ -33,6 +33,7 @@ from .metrics import Metrics
 from .scheduler import Done, Failed, Job, QueueFull, Scheduler
 from .schemas import MAX_STOP_STRINGS, ChatRequest, CompletionRequest, InfillRequest, Sampling
 from .settings import ServeSettings
+from .stats import LiveStats
 from .textstream import TextStream
 
 log = logging.getLogger("specdeck.server")
@@ -61,6 +62,7 @@ class Service:
     models: dict = field(default_factory=dict)
     ready: bool = False
     speculative_default: bool = True
+    stats: LiveStats = field(default_factory=LiveStats)  # live figures for /v1/status and the dashboard
 
 
 def create_app(settings: ServeSettings, service: Service) -> FastAPI:
@@ -406,7 +408,7 @@ def _status(service: Service, metrics: Metrics) -> dict:
     for s in eng.slots:
         job = service.scheduler.active.get(s.id)
         slots.append({"id": s.id, "state": "generating" if job else "idle", "cached_tokens": len(s.cached),
-                      "generated": s.generated if job else 0})
+                      "generated": s.generated if job else 0, **service.stats.slot(s.id)})
     drafted = metrics.drafted._value.get()
     vm = psutil.virtual_memory()
     return {
@@ -417,5 +419,9 @@ def _status(service: Service, metrics: Metrics) -> dict:
         "recent_tokens_per_second": _recent_tps(service),
         "acceptance": metrics.accepted._value.get() / drafted if drafted else None,
         "gpu": [{"name": g.name, "total": g.total, "free": g.free, "utilization": g.utilization} for g in gpus],
-        "host": {"total": vm.total, "available": vm.available, "rss": psutil.Process().memory_info().rss},
+        "host": {"total": vm.total, "available": vm.available, "rss": psutil.Process().memory_info().rss,
+                 "cpu_percent": service.stats.cpu_percent()},
+        "model_id": service.model_id, "version": __version__,
+        "errors": sum(m.value for f in metrics.errors.collect() for m in f.samples if m.name.endswith("_total")),
+        **service.stats.snapshot(),
     }

@@ -5,13 +5,17 @@ contexts."""
 from __future__ import annotations
 
 import logging
+import socket
 import threading
+import time
 
 import uvicorn
 
+from ..errors import SpecdeckError
 from ..gguf_info import ModelInfo
 from ..planner import Plan
 from ..runtime import Loaded, load
+from . import sdnotify
 from .app import Service, create_app
 from .scheduler import Scheduler
 from .settings import ServeSettings
@@ -25,8 +29,13 @@ def build_service(plan: Plan, target: ModelInfo, draft: ModelInfo | None, model_
 
 
 def attach(service: Service, loaded: Loaded, settings: ServeSettings, on_done) -> None:
-    """Make a loaded engine live behind the service."""
-    service.scheduler = Scheduler(loaded.engine, settings.max_queue, on_done=on_done)
+    """Make a loaded engine live behind the service (its live figures counted in `service.stats`)."""
+
+    def done(job, rec) -> None:
+        service.stats.done(rec)
+        on_done(job, rec)
+
+    service.scheduler = Scheduler(loaded.engine, settings.max_queue, on_step=service.stats.step, on_done=done)
     service.tokenizer = loaded.tokenizer
     service.n_ctx = loaded.target.n_ctx
     service.speculative_default = settings.speculative
@@ -34,31 +43,86 @@ def attach(service: Service, loaded: Loaded, settings: ServeSettings, on_done) -
     service.ready = True
 
 
+def bind_socket(host: str, port: int) -> socket.socket:
+    """The listening address, bound now so a busy port is one clear error before anything loads."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        raise SpecdeckError(f"cannot listen on {host}:{port}: {e.strerror}",
+                            hint="stop whatever uses that port, or pick another with --port") from None
+    return sock
+
+
+def _server(app) -> uvicorn.Server:
+    config = uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=10)
+    return uvicorn.Server(config)
+
+
+class HttpThread:
+    """uvicorn in a background thread (the main thread keeps the terminal: `specdeck up`'s dashboard)."""
+
+    def __init__(self, app, sock: socket.socket) -> None:
+        self.server = _server(app)
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]}, name="specdeck-http", daemon=True)
+
+    def start(self, timeout: float = 15.0) -> None:
+        self.thread.start()
+        deadline = time.monotonic() + timeout
+        while not self.server.started:
+            if not self.thread.is_alive() or time.monotonic() > deadline:
+                raise SpecdeckError("the HTTP server did not start")
+            time.sleep(0.02)
+
+    def stop(self) -> None:
+        """Stop accepting; requests in flight get up to 10 s to finish (the scheduler still runs)."""
+        self.server.should_exit = True
+        self.thread.join(15)
+
+
+def shutdown(service: Service, loaded: Loaded | None) -> None:
+    """After the HTTP server stopped: cancel what is left, stop the worker, free the contexts."""
+    if service.scheduler is not None:
+        service.scheduler.stop()
+    if loaded is not None:
+        loaded.close()
+
+
 def serve(settings: ServeSettings, plan: Plan, target: ModelInfo, draft: ModelInfo | None, threads: int,
           model_id: str) -> int:
     settings.check()
+    sock = bind_socket(settings.host, settings.port)
     service = build_service(plan, target, draft, model_id)
     app = create_app(settings, service)
+    server = _server(app)
     state: dict = {}
+    stop = threading.Event()
 
     def loader() -> None:
         try:
             state["loaded"] = load(plan, target, draft, threads, adaptive=settings.speculative)
             attach(service, state["loaded"], settings, app.state.count)
             log.warning("specdeck: models loaded, serving on http://%s:%d", settings.host, settings.port)
+            sdnotify.notify(f"READY=1\nSTATUS=serving {model_id} on {settings.host}:{settings.port}")
         except Exception as e:  # noqa: BLE001 - reported, and the server says why it is not ready
             state["error"] = e
             log.error("specdeck: loading failed: %s", e)
+            if sdnotify.notify(f"STATUS=loading failed: {e}"):
+                server.should_exit = True  # under systemd: exit 1, so Restart=on-failure tries again
 
+    sdnotify.notify(f"STATUS=loading {model_id}")
     threading.Thread(target=loader, name="specdeck-load", daemon=True).start()
-    config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level="warning", access_log=False,
-                            timeout_graceful_shutdown=10)
-    server = uvicorn.Server(config)
+    host = "127.0.0.1" if settings.host in ("0.0.0.0", "") else "[::1]" if settings.host == "::" else settings.host
+    sdnotify.start_watchdog(f"http://{host}:{settings.port}/health",
+                            lambda: service.scheduler is not None and service.scheduler.thread is not None
+                            and service.scheduler.thread.is_alive(), stop)
     try:
-        server.run()
+        server.run(sockets=[sock])
     finally:
-        if service.scheduler is not None:
-            service.scheduler.stop()
-        if "loaded" in state:
-            state["loaded"].close()
+        stop.set()
+        sdnotify.notify("STOPPING=1")
+        shutdown(service, state.get("loaded"))
     return 1 if "error" in state else 0
