@@ -110,7 +110,7 @@ class Engine:
         slot.record = RequestRecord(prompt_tokens=len(req.prompt), reused_tokens=n)
         if slot.sampler is not None:
             slot.sampler.close()
-        slot.sampler = TokenSampler(req.sampling, self.n_vocab)
+        slot.sampler = TokenSampler(req.sampling, self.n_vocab, self.target.model.vocab)
         slot.rng = np.random.default_rng(req.sampling.seed)
         first = self._first_token(slot, idx)
         trace = _top2(self.target.logits(idx)) if req.trace else None
@@ -164,7 +164,7 @@ class Engine:
     def _first_token(self, slot: Slot, idx: int) -> int:
         req = slot.request
         assert req is not None and slot.sampler is not None
-        if req.sampling.greedy and not req.sampling.penalised:
+        if req.sampling.plain_argmax:
             token = int(np.argmax(self.target.logits(idx)))
             slot.sampler.accept(token)
             return token
@@ -253,15 +253,24 @@ class Engine:
         if req.trace:  # the top-two gap costs a partial sort of the vocabulary: only when asked
             pairs = [_top2(self.target.logits(i)) for i in rows]
             argmax, gaps = [p[0] for p in pairs], [p[1] for p in pairs]
-        elif req.sampling.greedy and not req.sampling.penalised:
+        elif req.sampling.plain_argmax:
             argmax = [int(np.argmax(self.target.logits(i))) for i in rows]
-        if req.sampling.greedy and not req.sampling.penalised:
+        if req.sampling.plain_argmax:
             acc = accept_greedy(d.tokens, argmax)
             for tok in acc.tokens:
                 s.sampler.accept(tok)
         elif req.speculative.mode == "rejection" and d.q is not None and d.tokens:
-            acc = accept_by_rejection(d.tokens, d.q, lambda i: s.sampler.probs(self.target.logits(rows[i])), s.rng)
-            for tok in acc.tokens:
+            fed = 0  # drafts already given to the sampler: p(i) must see the kept prefix (grammar, penalties)
+
+            def p(i: int) -> np.ndarray:
+                nonlocal fed
+                while fed < i:
+                    s.sampler.accept(d.tokens[fed])
+                    fed += 1
+                return s.sampler.probs(self.target.logits(rows[i]))
+
+            acc = accept_by_rejection(d.tokens, d.q, p, s.rng)
+            for tok in acc.tokens[fed:]:
                 s.sampler.accept(tok)
         else:
             acc = accept_by_match(d.tokens, lambda i: s.sampler.sample(self.target.ptr, rows[i]))

@@ -16,7 +16,8 @@ import llama_cpp
 import numpy as np
 from pydantic import BaseModel, Field
 
-from ..llama_runtime import init_llama
+from ..errors import SpecdeckError
+from ..llama_runtime import capture_llama_log, init_llama
 
 _TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)], align=True)
 
@@ -31,20 +32,45 @@ class SamplingParams(BaseModel):
     presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
     penalty_last_n: int = Field(64, ge=0)
     seed: int = Field(0, ge=0, lt=2**32)
+    grammar: str | None = Field(None, description="GBNF the output must follow (root rule `root`)")
 
     @property
     def greedy(self) -> bool:
         return self.temperature <= 0.0
 
     @property
+    def plain_argmax(self) -> bool:
+        """Greedy with nothing reshaping the logits: the token is their argmax."""
+        return self.greedy and not self.penalised and self.grammar is None
+
+    @property
     def penalised(self) -> bool:
         return self.repeat_penalty != 1.0 or self.frequency_penalty != 0.0 or self.presence_penalty != 0.0
 
 
-def _chain(params: SamplingParams, n_vocab: int, with_draw: bool) -> llama_cpp.llama_sampler_p:
+def grammar_sampler(vocab, grammar: str) -> llama_cpp.llama_sampler_p:
+    """llama.cpp's grammar sampler for GBNF text (root rule `root`); SpecdeckError if it does not parse."""
+    init_llama()
+    with capture_llama_log() as lines:
+        ptr = llama_cpp.llama_sampler_init_grammar(vocab, grammar.encode(), b"root")
+    if not ptr:
+        detail = next((ln.strip() for ln in lines if "parse" in ln.lower() or "error" in ln.lower()), "")
+        raise SpecdeckError(f"the grammar does not parse{': ' + detail if detail else ''}")
+    return ptr
+
+
+def _chain(params: SamplingParams, n_vocab: int, with_draw: bool, vocab=None) -> llama_cpp.llama_sampler_p:
     init_llama()
     chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
     add = lambda s: llama_cpp.llama_sampler_chain_add(chain, s)  # noqa: E731
+    if params.grammar is not None:
+        if vocab is None:
+            raise SpecdeckError("a grammar needs the model's vocabulary")
+        try:
+            add(grammar_sampler(vocab, params.grammar))
+        except SpecdeckError:
+            llama_cpp.llama_sampler_free(chain)
+            raise
     if params.penalised:
         add(llama_cpp.llama_sampler_init_penalties(n_vocab, params.penalty_last_n, params.repeat_penalty,
                                                    params.frequency_penalty, params.presence_penalty))
@@ -67,11 +93,11 @@ def _chain(params: SamplingParams, n_vocab: int, with_draw: bool) -> llama_cpp.l
 class TokenSampler:
     """One sequence's sampler: llama.cpp's chain plus the penalty history it keeps."""
 
-    def __init__(self, params: SamplingParams, n_vocab: int) -> None:
+    def __init__(self, params: SamplingParams, n_vocab: int, vocab=None) -> None:
         self.params = params
         self.n_vocab = n_vocab
-        self._draw = _chain(params, n_vocab, with_draw=True)
-        self._shape = _chain(params, n_vocab, with_draw=False)  # the same transforms, no draw
+        self._draw = _chain(params, n_vocab, True, vocab)
+        self._shape = _chain(params, n_vocab, False, vocab)  # the same transforms, no draw
         self._buf = np.zeros(n_vocab, dtype=_TOKEN_DATA)
         self._buf["id"] = np.arange(n_vocab, dtype=np.int32)
 
@@ -100,7 +126,7 @@ class TokenSampler:
         return p / p.sum()
 
     def _shaped_logits(self, logits: np.ndarray) -> np.ndarray:
-        if self.params.greedy and not self.params.penalised:
+        if self.params.plain_argmax:
             return logits
         buf = self._buf
         buf["id"] = np.arange(self.n_vocab, dtype=np.int32)
