@@ -102,6 +102,13 @@ def prepare(args: argparse.Namespace, settings: ServeSettings, steps: Steps) -> 
     return Prepared(sel.name, plan, target, draft, hw)
 
 
+def prompt_ids(tok, messages: list[dict]) -> list[int]:
+    """Through the model's chat template; a model without one continues the plain text."""
+    if tok.chat_template:
+        return tok.chat_tokens(messages)
+    return tok.encode("\n".join(m["content"] for m in messages))
+
+
 def load_and_warm(prep: Prepared, threads: int, speculative: bool, steps: Steps) -> Loaded:
     from .engine.engine import Request, SpecParams
     from .runtime import load
@@ -113,7 +120,7 @@ def load_and_warm(prep: Prepared, threads: int, speculative: bool, steps: Steps)
     try:
         with steps.step("warm up", spinner=True) as r:
             tok = loaded.tokenizer
-            req = Request(prompt=tok.chat_tokens([{"role": "user", "content": "Say hi."}]), max_tokens=8,
+            req = Request(prompt=prompt_ids(tok, [{"role": "user", "content": "Say hi."}]), max_tokens=8,
                           stop_tokens=tok.stop_tokens, speculative=SpecParams(enabled=speculative, n_max=prep.plan.draft_max))
             t = time.perf_counter()
             n = sum(len(rec.tokens) for rec in loaded.engine.generate(req, 0))
@@ -275,7 +282,7 @@ def chat(loaded: Loaded, plan: Plan, speculative: bool, out: Console, max_tokens
             out.print(f"[dim]unknown command {text.strip().split()[0]}. {RUN_HELP}[/]")
             continue
         history.append({"role": "user", "content": text})
-        ids = tok.chat_tokens(history)
+        ids = prompt_ids(tok, history)
         room = loaded.target.n_ctx - len(ids) - 1
         if room < 1:
             history.pop()
