@@ -130,10 +130,13 @@ class Catalog(_Strict):
 
 
 def _format_validation_error(path: Path, err: ValidationError) -> str:
-    first = err.errors()[0]
+    # a misspelt key is reported as the key itself, not as the required key it left missing
+    errors = sorted(err.errors(), key=lambda e: e["type"] != "extra_forbidden")
+    first = errors[0]
     where = ".".join(str(p) for p in first["loc"])
+    msg = "unknown key" if first["type"] == "extra_forbidden" else first["msg"].removeprefix("Value error, ")
     more = f" (and {err.error_count() - 1} more)" if err.error_count() > 1 else ""
-    return f"{path}: {where}: {first['msg']}{more}"
+    return f"{path}: {where + ': ' if where else ''}{msg}{more}"
 
 
 def parse_catalog(text: str, source: Path) -> Catalog:

@@ -8,6 +8,7 @@ from typing import Any
 
 from rich.table import Table
 
+from .errors import PairError
 from .gguf_info import ModelInfo, read_model_info
 from .pairing import Incompatibility, first_incompatibility, resolve_vocab, speed_warnings
 from .vocab_probe import VocabFacts, probe_vocab
@@ -43,6 +44,14 @@ def check_pair(target: Path, draft: Path | None, probe: bool = True) -> CheckRes
     d = inspect(draft, probe)
     bad = first_incompatibility(resolve_vocab(t.info, t.facts), resolve_vocab(d.info, d.facts))
     return CheckResult(t, d, bad, speed_warnings(t.info, d.info))
+
+
+def require_compatible(target: ModelInfo, draft: ModelInfo) -> None:
+    """Refuse, before anything is loaded, a draft that cannot serve the target (headers only)."""
+    bad = first_incompatibility(resolve_vocab(target, None), resolve_vocab(draft, None))
+    if bad is not None:
+        raise PairError(f"the draft {draft.path.name} cannot serve the target {target.path.name} (rule {bad.rule}): "
+                        f"{bad.message}", hint="`specdeck check` shows both vocabularies; pick a draft of the same family")
 
 
 def _params(n: int) -> str:

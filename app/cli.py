@@ -9,11 +9,12 @@ import sys
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from . import __version__
 from .catalog import Catalog, load_catalog
-from .check import check_pair, render_models, result_json
+from .check import check_pair, render_models, require_compatible, result_json
 from .errors import DownloadError, SpecdeckError
 from .fetch import Fetched, Fetcher
 from .gguf_info import read_model_info
@@ -287,6 +288,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     fetcher = _fetcher(args)
     target = read_model_info(_local_path(fetcher, sel.target))
     draft = read_model_info(_local_path(fetcher, sel.draft)) if sel.draft and settings.speculative else None
+    if draft is not None:
+        require_compatible(target, draft)
     hw = detect()
     req = _plan_request(args).model_copy(update={"draft_max": settings.draft_max})
     plan = make_plan(target, draft, req, hw, sel.context)
@@ -475,9 +478,9 @@ def main(argv: list[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
         return int(args.func(args))
     except SpecdeckError as e:
-        console.print(f"[red]error:[/] {e.message}", soft_wrap=True)
+        console.print(f"[red]error:[/] {escape(e.message)}", soft_wrap=True)  # a message may hold [brackets]
         if e.hint:
-            console.print(f"  {e.hint}", soft_wrap=True)
+            console.print(f"  {escape(e.hint)}", soft_wrap=True)
         return e.exit_code
     except KeyboardInterrupt:
         console.print("interrupted")

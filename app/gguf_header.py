@@ -20,6 +20,7 @@ from gguf import GGML_QUANT_SIZES, GGUF_DEFAULT_ALIGNMENT, GGMLQuantizationType,
 from .errors import GGUFError
 
 MAX_COUNT = 1 << 28  # no real file has more keys, tensors or array elements than this
+MAX_NESTING = 8  # arrays of arrays: real files nest at most one level
 _SCALARS: dict[int, tuple[str, int]] = {
     GGUFValueType.UINT8: ("<B", 1), GGUFValueType.INT8: ("<b", 1),
     GGUFValueType.UINT16: ("<H", 2), GGUFValueType.INT16: ("<h", 2),
@@ -87,7 +88,7 @@ class _Cursor:
     def string(self) -> str:
         return bytes(self.take(self.count())).decode("utf-8", errors="replace")
 
-    def value(self, vtype: int) -> Any:
+    def value(self, vtype: int, depth: int = 0) -> Any:
         if vtype == GGUFValueType.STRING:
             return self.string()
         if vtype == GGUFValueType.ARRAY:
@@ -100,7 +101,9 @@ class _Cursor:
                 arr = np.frombuffer(self.take(n * dt.itemsize), dtype=dt)
                 return tuple(arr.tolist())
             if sub == GGUFValueType.ARRAY:
-                return tuple(self.value(GGUFValueType.ARRAY) for _ in range(n))
+                if depth >= MAX_NESTING:
+                    raise GGUFError(f"arrays nested more than {MAX_NESTING} deep")
+                return tuple(self.value(GGUFValueType.ARRAY, depth + 1) for _ in range(n))
             raise GGUFError(f"unknown array element type {sub}")
         if vtype in _SCALARS:
             fmt, size = _SCALARS[vtype]
@@ -133,7 +136,9 @@ def _parse(buf: memoryview) -> RawHeader:
         except ValueError:
             raise GGUFError(f"tensor {name}: unknown type {ttype}") from None
         tensors.append(RawTensor(name, ttype, tuple(dims), offset))
-    align = int(meta.get("general.alignment", GGUF_DEFAULT_ALIGNMENT)) or GGUF_DEFAULT_ALIGNMENT
+    align = meta.get("general.alignment", GGUF_DEFAULT_ALIGNMENT)
+    if isinstance(align, bool) or not isinstance(align, int) or align <= 0 or align & (align - 1):
+        raise GGUFError(f"general.alignment must be a positive power of two, not {align!r}"[:120])
     data_offset = (c.pos + align - 1) // align * align
     return RawHeader(version, meta, tuple(tensors), data_offset)
 

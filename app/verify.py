@@ -206,3 +206,78 @@ def verify_prompt(engine: Engine, tok: Tokenizer, item: dict, max_tokens: int, n
         plain_tok_s=len(plain) / t_plain if t_plain else None, spec_tok_s=len(spec) / t_spec if t_spec else None,
         explanation=text,
     )
+
+
+def _walk(ctx, prompt: list[int]):
+    """The target alone, one token at a time on sequence 0 of a fresh context `ctx`: yields the logits
+    at each next position and is sent the token to append."""
+    from .engine import kv
+
+    ctx.clear()
+    last = kv.evaluate(ctx, 0, prompt, 0, logits_last=True)
+    pos = len(prompt)
+    while True:
+        token = yield ctx.logits(last)
+        ctx.batch.clear()
+        last = ctx.batch.add(int(token), pos, 0, True)
+        ctx.decode(ctx.batch)
+        pos += 1
+
+
+def _gap(logits) -> tuple[list[int], float]:
+    import numpy as np
+
+    order = np.argpartition(logits, -8)[-8:]
+    order = order[np.argsort(logits[order])[::-1]]
+    return [int(t) for t in order], float(logits[order[0]] - logits[order[1]])
+
+
+def token_divergence(ctx, prompt: list[int], a: list[int], b: list[int]) -> tuple[int, float] | None:
+    """Where two greedy continuations of `prompt` part: (index, the target's top-two logit gap there,
+    computed one token at a time along `a`), or None when they are equal. A gap within
+    GAP_TOLERANCE is a near-tie that batch numerics can flip."""
+    i = next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    if i == len(a) == len(b):
+        return None
+    walk = _walk(ctx, prompt)
+    logits = next(walk)
+    for t in a[:i]:
+        logits = walk.send(t)
+    return i, _gap(logits)[1]
+
+
+def text_divergence(ctx, tok: Tokenizer, prompt: list[int], a: str, b: str, limit: int = 4096) -> tuple[int, float] | None:
+    """As `token_divergence`, for answers known only as text (what an HTTP client sees).
+
+    Walks the target one token at a time along the two answers' common text, taking at each
+    position the highest-ranked of its top 8 tokens that keeps to that text, until a token would
+    cross the first differing character. Returns (token index, top-two gap there), or None when the
+    texts are equal; a common text the target cannot follow gives an infinite gap.
+    """
+    import codecs
+
+    if a == b:
+        return None
+    common = next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    same, done = a[:common], b""
+
+    def render(data: bytes) -> str:  # complete characters only, as the server streams them
+        return codecs.getincrementaldecoder("utf-8")("replace").decode(data, final=False)
+
+    walk = _walk(ctx, prompt)
+    logits = next(walk)
+    for i in range(limit):
+        order, gap = _gap(logits)
+        if len(render(done)) >= common:
+            return i, gap
+        for t in order:
+            text = render(done + tok.piece_bytes(t))
+            if len(text) > common and text[:common] == same:
+                return i, gap  # this token crosses the first differing character
+            if text != render(done) and same.startswith(text) or text == render(done) and tok.piece_bytes(t):
+                break
+        else:
+            return i, float("inf")
+        done += tok.piece_bytes(t)
+        logits = walk.send(t)
+    return limit, float("inf")

@@ -32,6 +32,7 @@ from ..hardware import read_gpus
 from .metrics import Metrics
 from .scheduler import Done, Failed, Job, QueueFull, Scheduler
 from .schemas import MAX_STOP_STRINGS, ChatRequest, CompletionRequest, InfillRequest, Sampling
+from .limits import BodyLimit
 from .settings import ServeSettings
 from .stats import LiveStats
 from .textstream import TextStream
@@ -72,6 +73,7 @@ def create_app(settings: ServeSettings, service: Service) -> FastAPI:
     app.state.count = lambda job, rec: _finished(metrics, settings, service, job, rec)  # the scheduler reports here
     if settings.cors_origins:
         app.add_middleware(CORSMiddleware, allow_origins=settings.cors_origins, allow_methods=["*"], allow_headers=["*"])
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
 
     @app.middleware("http")
     async def auth_and_log(request: Request, call_next):
@@ -97,8 +99,11 @@ def create_app(settings: ServeSettings, service: Service) -> FastAPI:
     @app.exception_handler(RequestValidationError)
     async def bad_request(_: Request, e: RequestValidationError):
         first = e.errors()[0] if e.errors() else {"loc": (), "msg": "invalid request"}
-        param = ".".join(str(x) for x in first.get("loc", ()) if x != "body") or None
         metrics.errors.labels("invalid_request_error").inc()
+        if first.get("type") == "json_invalid":  # loc is ("body", character offset)
+            where, why = first.get("loc", ("?",))[-1], first.get("ctx", {}).get("error", first.get("msg"))
+            return JSONResponse(error_body(f"the body is not valid JSON (character {where}: {why})", "invalid_request_error"), 400)
+        param = ".".join(str(x) for x in first.get("loc", ()) if x != "body") or None
         return JSONResponse(error_body(f"{param or 'body'}: {first.get('msg')}", "invalid_request_error", param), 400)
 
     @app.exception_handler(StarletteHTTPException)
@@ -213,7 +218,10 @@ def _engine_request(body: Sampling, ids: list[int], service: Service, settings: 
                        param="messages", type_="invalid_request_error")
     if len(body.stops()) > MAX_STOP_STRINGS:
         raise ApiError(400, f"at most {MAX_STOP_STRINGS} stop strings", param="stop")
-    max_tokens = body.max_completion_tokens or body.max_tokens or min(settings.max_tokens, n_ctx - len(ids))
+    asked = body.max_completion_tokens or body.max_tokens
+    if asked is not None and asked > n_ctx:
+        raise ApiError(400, f"max_tokens is {asked:,}; this server's context is {n_ctx:,} tokens", param="max_tokens")
+    max_tokens = asked or min(settings.max_tokens, n_ctx - len(ids))
     max_tokens = min(max_tokens, settings.max_tokens, n_ctx - len(ids))
     spec = body.speculative
     enabled = service.speculative_default and (spec.enabled if spec else True)

@@ -101,6 +101,17 @@ class Scheduler:
         if self.thread:
             self.thread.join(timeout)
 
+    def wind_down(self) -> None:
+        """Shutting down: queued jobs fail with 503 now; running ones end at their next step, as if
+        their time limit had passed (finish "length"), so open streams close within a step."""
+        with self.cv:
+            for job in list(self.queue):
+                job.send(Failed("server shutting down", 503))
+            self.queue.clear()
+            for job in self.active.values():
+                job.deadline = 0.0
+            self.cv.notify()
+
     # -- the worker ------------------------------------------------------------------------
 
     def _free_slots(self) -> list[Slot]:

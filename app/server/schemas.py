@@ -5,13 +5,37 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 MAX_STOP_STRINGS = 16
 
 
+def _text_is_unicode(value: Any) -> None:
+    """Strings must be encodable as UTF-8: JSON's escapes can smuggle in lone surrogates.
+    (A loop, not recursion: JSON nested a thousand deep is valid.)"""
+    todo = [value]
+    while todo:
+        v = todo.pop()
+        if isinstance(v, str):
+            try:
+                v.encode("utf-8")
+            except UnicodeEncodeError:
+                raise ValueError("text is not valid Unicode (a lone surrogate escape)") from None
+        elif isinstance(v, dict):
+            todo.extend(v.keys())
+            todo.extend(v.values())
+        elif isinstance(v, list):
+            todo.extend(v)
+
+
 class _Body(BaseModel):
     model_config = ConfigDict(extra="ignore")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _unicode_only(cls, data: Any) -> Any:
+        _text_is_unicode(data)
+        return data
 
 
 class SpeculativeOptions(_Body):

@@ -5,6 +5,7 @@ contexts."""
 from __future__ import annotations
 
 import logging
+import signal
 import socket
 import threading
 import time
@@ -57,9 +58,25 @@ def bind_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
+class _Server(uvicorn.Server):
+    """uvicorn, and on SIGTERM / Ctrl-C the generation in flight gets `shutdown_grace` seconds to
+    finish, then ends (finish "length"), so streams close and the process exits in seconds rather
+    than at uvicorn's 10 s graceful limit or the end of a long answer."""
+
+    def handle_exit(self, sig, frame) -> None:
+        super().handle_exit(sig, frame)
+        if sig == signal.SIGTERM:  # uvicorn re-raises it after shutdown, which skips our cleanup: exit 0 instead
+            self._captured_signals.remove(sig)
+        state = self.config.app.state
+        if state.service.scheduler is not None:
+            timer = threading.Timer(state.settings.shutdown_grace, state.service.scheduler.wind_down)
+            timer.daemon = True
+            timer.start()
+
+
 def _server(app) -> uvicorn.Server:
     config = uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=10)
-    return uvicorn.Server(config)
+    return _Server(config)
 
 
 class HttpThread:
