@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import re
 
 import llama_cpp
 from llama_cpp.llama_chat_format import Jinja2ChatFormatter
@@ -49,12 +50,17 @@ class Tokenizer:
     def decode(self, tokens: list[int]) -> str:
         return b"".join(self.piece_bytes(t) for t in tokens).decode("utf-8", errors="replace")
 
-    def render_chat(self, messages: list[dict]) -> str:
+    def render_chat(self, messages: list[dict], tools: list[dict] | None = None) -> str:
         if self._formatter is None:
             raise SpecdeckError("this model has no chat template: send a plain prompt instead of messages")
-        return self._formatter(messages=messages).prompt
+        return self._formatter(messages=messages, tools=tools or None).prompt
 
-    def chat_tokens(self, messages: list[dict]) -> list[int]:
-        text = self.render_chat(messages)
+    @property
+    def supports_tools(self) -> bool:
+        """Does the chat template render tool definitions? (It must read the `tools` variable.)"""
+        return bool(self.chat_template) and re.search(r"\btools\b", self.chat_template) is not None
+
+    def chat_tokens(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
+        text = self.render_chat(messages, tools)
         has_bos = self.add_bos and text.startswith(self.piece(self.bos))
         return self.encode(text, add_special=self.add_bos and not has_bos)

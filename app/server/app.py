@@ -26,7 +26,8 @@ from .. import __version__
 from ..engine.engine import Request as EngineRequest
 from ..engine.engine import SpecParams
 from ..engine.records import RequestRecord, StepRecord
-from ..engine.sampling import SamplingParams
+from ..engine.sampling import SamplingParams, check_grammar
+from ..errors import SpecdeckError
 from ..engine.text import Tokenizer
 from ..hardware import read_gpus
 from .metrics import Metrics
@@ -34,6 +35,7 @@ from .scheduler import Done, Failed, Job, QueueFull, Scheduler
 from .schemas import MAX_STOP_STRINGS, ChatRequest, CompletionRequest, InfillRequest, Sampling
 from .limits import BodyLimit
 from .settings import ServeSettings
+from .structured import ToolCallHold, openai_tool_calls, parse_tool_calls, response_format_grammar, tool_call_grammar
 from .stats import LiveStats
 from .textstream import TextStream
 
@@ -63,6 +65,7 @@ class Service:
     models: dict = field(default_factory=dict)
     ready: bool = False
     speculative_default: bool = True
+    details: dict = field(default_factory=dict)  # the target's GGUF facts (Ollama's tags / show)
     stats: LiveStats = field(default_factory=LiveStats)  # live figures for /v1/status and the dashboard
 
 
@@ -97,9 +100,12 @@ def create_app(settings: ServeSettings, service: Service) -> FastAPI:
         return JSONResponse(error_body(e.message, e.type, e.param), e.status, headers=e.headers)
 
     @app.exception_handler(RequestValidationError)
-    async def bad_request(_: Request, e: RequestValidationError):
+    async def bad_request(request: Request, e: RequestValidationError):
         first = e.errors()[0] if e.errors() else {"loc": (), "msg": "invalid request"}
         metrics.errors.labels("invalid_request_error").inc()
+        if request.url.path.startswith("/api/"):  # Ollama's routes answer in Ollama's error shape
+            where = ".".join(str(x) for x in first.get("loc", ()) if x != "body") or "body"
+            return JSONResponse({"error": f"{where}: {first.get('msg')}"}, 400)
         if first.get("type") == "json_invalid":  # loc is ("body", character offset)
             where, why = first.get("loc", ("?",))[-1], first.get("ctx", {}).get("error", first.get("msg"))
             return JSONResponse(error_body(f"the body is not valid JSON (character {where}: {why})", "invalid_request_error"), 400)
@@ -139,19 +145,21 @@ def create_app(settings: ServeSettings, service: Service) -> FastAPI:
     async def chat(body: ChatRequest, request: Request):
         _require_ready(service)
         _check_model(body, service)
-        messages = [{"role": m.role, "content": m.text()} for m in body.messages]
+        tools = _active_tools(body, service.tokenizer)
+        messages = [_message_dict(m) for m in body.messages]
         try:
-            ids = service.tokenizer.chat_tokens(messages)
+            ids = service.tokenizer.chat_tokens(messages, [{"type": "function", "function": t} for t in tools])
         except Exception as e:  # noqa: BLE001 - a template that cannot render these messages
             raise ApiError(400, f"cannot render these messages with the model's chat template: {e}") from None
-        return await _generate(request, service, settings, metrics, body, ids, "chat")
+        grammar = _grammar(body, service, _forced_tools(body, tools))
+        return await _generate(request, service, settings, metrics, body, ids, "chat", grammar, tools)
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
         _require_ready(service)
         _check_model(body, service)
         ids = _completion_tokens(service.tokenizer, body)
-        return await _generate(request, service, settings, metrics, body, ids, "text")
+        return await _generate(request, service, settings, metrics, body, ids, "text", _grammar(body, service))
 
     @app.post("/infill")
     async def infill(body: InfillRequest, request: Request):
@@ -162,6 +170,9 @@ def create_app(settings: ServeSettings, service: Service) -> FastAPI:
                             max_tokens=body.n_predict if body.n_predict and body.n_predict > 0 else None)
         return await _generate(request, service, settings, metrics, sampling, ids, "infill")
 
+    from .ollama import add_ollama_routes  # (imports this module's helpers)
+
+    add_ollama_routes(app, settings, service, metrics)
     return app
 
 
@@ -176,6 +187,78 @@ def _check_model(body: Sampling, service: Service) -> None:
     if body.model and body.model not in (service.model_id, "specdeck") and body.model not in service.models:
         raise ApiError(404, f"model '{body.model}' is not served here (served: {service.model_id})", "not_found_error",
                        "model")
+
+
+def _active_tools(body: ChatRequest, tok: Tokenizer) -> list[dict]:
+    """The function definitions to offer the model (none when tool_choice is "none")."""
+    if not body.tools or body.tool_choice == "none":
+        return []
+    if not tok.supports_tools:
+        raise ApiError(400, "this model's chat template has no tool support: send the request without `tools`", param="tools")
+    return [t.function.model_dump(exclude_none=True) for t in body.tools]
+
+
+def _forced_tools(body: ChatRequest, tools: list[dict]) -> list[dict] | None:
+    """tool_choice "required" or a named function: the answer must be a call to one of these."""
+    choice = body.tool_choice
+    if not tools or choice in (None, "auto", "none"):
+        return None
+    if choice == "required":
+        return tools
+    chosen = [t for t in tools if t["name"] == choice.function.name]
+    if not chosen:
+        raise ApiError(400, f"tool_choice names {choice.function.name!r}, which is not among the tools", param="tool_choice")
+    return chosen
+
+
+def _message_dict(m) -> dict:
+    """A message as the chat template reads it (tool-call arguments as objects, as templates expect)."""
+    d: dict = {"role": m.role, "content": m.text()}
+    if m.name:
+        d["name"] = m.name
+    if m.tool_call_id:
+        d["tool_call_id"] = m.tool_call_id
+    if m.tool_calls:
+        calls = []
+        for c in m.tool_calls:
+            args = c.function.arguments
+            if isinstance(args, str):
+                try:
+                    args = json.loads(args) if args.strip() else {}
+                except json.JSONDecodeError:
+                    raise ApiError(400, f"tool call {c.function.name!r}: arguments are not valid JSON",
+                                   param="messages") from None
+            calls.append({"id": c.id, "type": "function", "function": {"name": c.function.name, "arguments": args}})
+        d["tool_calls"] = calls
+    return d
+
+
+def _grammar(body: Sampling, service: Service, forced_tools: list[dict] | None = None) -> str | None:
+    """The GBNF this request's output must follow: `grammar`, `response_format` or a required tool call
+    (at most one of them); checked by llama.cpp's parser now, so a bad one is a 400, not a failed job."""
+    asked = [g for g in (
+        ("grammar", body.grammar),
+        ("response_format", _format_grammar(body.response_format.type, body.response_format.schema_dict())
+         if body.response_format else None),
+        ("tool_choice", _format_grammar("tools", forced_tools) if forced_tools else None),
+    ) if g[1] is not None]
+    if len(asked) > 1:
+        raise ApiError(400, f"{asked[0][0]} and {asked[1][0]} cannot be combined", param=asked[1][0])
+    if not asked:
+        return None
+    param, grammar = asked[0]
+    try:
+        check_grammar(service.tokenizer.vocab, grammar)
+    except SpecdeckError as e:
+        raise ApiError(400, e.message, param=param) from None
+    return grammar
+
+
+def _format_grammar(kind: str, what) -> str | None:
+    try:
+        return tool_call_grammar(what) if kind == "tools" else response_format_grammar(kind, what)
+    except SpecdeckError as e:
+        raise ApiError(400, e.message, param="tool_choice" if kind == "tools" else "response_format") from None
 
 
 def _completion_tokens(tok: Tokenizer, body: CompletionRequest) -> list[int]:
@@ -211,7 +294,8 @@ def _fim_tokens(tok: Tokenizer, prefix: str, suffix: str, extra) -> list[int]:
     return ids
 
 
-def _engine_request(body: Sampling, ids: list[int], service: Service, settings: ServeSettings) -> EngineRequest:
+def _engine_request(body: Sampling, ids: list[int], service: Service, settings: ServeSettings,
+                    grammar: str | None = None) -> EngineRequest:
     n_ctx = service.n_ctx
     if len(ids) >= n_ctx:
         raise ApiError(400, f"the prompt is {len(ids):,} tokens; this server's context is {n_ctx:,} tokens",
@@ -231,7 +315,8 @@ def _engine_request(body: Sampling, ids: list[int], service: Service, settings: 
         sampling=SamplingParams(temperature=body.temperature, top_k=body.top_k, top_p=body.top_p, min_p=body.min_p,
                                 repeat_penalty=body.repeat_penalty, frequency_penalty=body.frequency_penalty,
                                 presence_penalty=body.presence_penalty,
-                                seed=body.seed if body.seed is not None else int.from_bytes(os.urandom(4), "little")),
+                                seed=body.seed if body.seed is not None else int.from_bytes(os.urandom(4), "little"),
+                                grammar=grammar),
         speculative=SpecParams(enabled=enabled and n_max > 0, n_max=min(n_max, settings.draft_max)),
         stop_tokens=service.tokenizer.stop_tokens,
     )
@@ -275,9 +360,9 @@ async def _events(request: Request, job: Job) -> AsyncIterator:
         job.cancel()  # no-op when finished; frees the slot when the consumer stopped early
 
 
-async def _generate(request: Request, service: Service, settings: ServeSettings, metrics: Metrics, body: Sampling,
-                    ids: list[int], kind: str):
-    req = _engine_request(body, ids, service, settings)
+def _submit(service: Service, settings: ServeSettings, metrics: Metrics, body: Sampling, ids: list[int],
+            grammar: str | None) -> Job:
+    req = _engine_request(body, ids, service, settings, grammar)
     job = Job(req, asyncio.get_running_loop(), time.monotonic() + settings.request_timeout)
     try:
         service.scheduler.submit(job)
@@ -285,11 +370,11 @@ async def _generate(request: Request, service: Service, settings: ServeSettings,
         metrics.errors.labels("queue_full").inc()
         raise ApiError(429, "the server is busy: too many queued requests", "rate_limit_error",
                        headers={"Retry-After": "1"}) from None
-    created, rid = int(time.time()), ("chatcmpl-" if kind == "chat" else "cmpl-") + job.id
-    text = TextStream(lambda t: service.tokenizer.piece_bytes(t), body.stops())
-    if body.stream:
-        return StreamingResponse(_stream(request, job, text, kind, rid, created, service, body),
-                                 media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+    return job
+
+
+async def _collect(request: Request, job: Job, text: TextStream) -> tuple[str, RequestRecord]:
+    """The whole answer of a job (not streamed); a failed job is raised as its API error."""
     parts, record, failed = [], None, None
     async for event in _events(request, job):
         if isinstance(event, StepRecord):
@@ -306,13 +391,38 @@ async def _generate(request: Request, service: Service, settings: ServeSettings,
     if record is None:
         raise ApiError(499, "client closed the request")
     parts.append(text.flush())
-    content = "".join(parts)
-    finish = "stop" if text.stopped else FINISH.get(record.finish_reason or "stop", "stop")
+    return "".join(parts), record
+
+
+def _finish(text: TextStream, record: RequestRecord) -> str:
+    return "stop" if text.stopped else FINISH.get(record.finish_reason or "stop", "stop")
+
+
+def _call_ids(n: int) -> list[str]:
+    return ["call_" + os.urandom(12).hex() for _ in range(n)]
+
+
+async def _generate(request: Request, service: Service, settings: ServeSettings, metrics: Metrics, body: Sampling,
+                    ids: list[int], kind: str, grammar: str | None = None, tools: list[dict] | None = None):
+    job = _submit(service, settings, metrics, body, ids, grammar)
+    created, rid = int(time.time()), ("chatcmpl-" if kind == "chat" else "cmpl-") + job.id
+    text = TextStream(lambda t: service.tokenizer.piece_bytes(t), body.stops())
+    if body.stream:
+        return StreamingResponse(_stream(request, job, text, kind, rid, created, service, body, tools or []),
+                                 media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+    content, record = await _collect(request, job, text)
+    finish = _finish(text, record)
     if kind == "infill":
         return {"content": content, "stop": True, "stop_type": finish, "tokens_predicted": len(record.completion),
                 "tokens_evaluated": record.prompt_tokens, "timings": _timings(record), "model": service.model_id}
     if kind == "chat":
-        choice = {"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": finish, "logprobs": None}
+        message = {"role": "assistant", "content": content}
+        if tools:
+            message["content"], calls = parse_tool_calls(content, {t["name"] for t in tools})
+            if calls:
+                message["tool_calls"] = openai_tool_calls(calls, _call_ids(len(calls)))
+                finish = "tool_calls"
+        choice = {"index": 0, "message": message, "finish_reason": finish, "logprobs": None}
         obj = "chat.completion"
     else:
         choice = {"index": 0, "text": content, "finish_reason": finish, "logprobs": None}
@@ -326,14 +436,17 @@ def _sse(obj: dict) -> bytes:
 
 
 async def _stream(request: Request, job: Job, text: TextStream, kind: str, rid: str, created: int, service: Service,
-                  body: Sampling) -> AsyncIterator[bytes]:
+                  body: Sampling, tools: list[dict]) -> AsyncIterator[bytes]:
     obj = "chat.completion.chunk" if kind == "chat" else "text_completion"
+    hold = ToolCallHold(bool(tools))
 
-    def chunk(delta: str | None, finish: str | None, first: bool = False) -> dict:
+    def chunk(delta: str | None, finish: str | None, first: bool = False, calls: list[dict] | None = None) -> dict:
         if kind == "infill":
             return {"content": delta or "", "stop": finish is not None}
         if kind == "chat":
             d = {"role": "assistant", "content": delta or ""} if first else ({"content": delta} if delta else {})
+            if calls:
+                d["tool_calls"] = [{"index": i, **c} for i, c in enumerate(calls)]
             c = {"index": 0, "delta": d, "finish_reason": finish, "logprobs": None}
         else:
             c = {"index": 0, "text": delta or "", "finish_reason": finish, "logprobs": None}
@@ -342,7 +455,7 @@ async def _stream(request: Request, job: Job, text: TextStream, kind: str, rid: 
     first = True
     async for event in _events(request, job):
         if isinstance(event, StepRecord):
-            delta = text.push(event.tokens)
+            delta = hold.push(text.push(event.tokens))
             if text.stopped:
                 job.cancel()
             if delta or first:
@@ -353,9 +466,15 @@ async def _stream(request: Request, job: Job, text: TextStream, kind: str, rid: 
             break
         elif isinstance(event, Done):
             rec = event.record
-            tail = text.flush()
-            finish = "stop" if text.stopped else FINISH.get(rec.finish_reason or "stop", "stop")
-            last = chunk(tail or None, finish)
+            tail = hold.push(text.flush())
+            finish = _finish(text, rec)
+            calls = []
+            if hold.held:  # the whole answer was held back: a tool call, or text that looked like the start of one
+                content, parsed = parse_tool_calls(hold.held, {t["name"] for t in tools})
+                tail += content or ""
+                if parsed:
+                    calls, finish = openai_tool_calls(parsed, _call_ids(len(parsed))), "tool_calls"
+            last = chunk(tail or None, finish, calls=calls)
             last["timings"] = _timings(rec)
             if kind == "infill":
                 last.update({"tokens_predicted": len(rec.completion), "timings": _timings(rec)})

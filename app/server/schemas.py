@@ -47,6 +47,21 @@ class StreamOptions(_Body):
     include_usage: bool = False
 
 
+class JsonSchemaFormat(_Body):
+    name: str = "response"
+    schema_: dict[str, Any] | None = Field(None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(_Body):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+    schema_: dict[str, Any] | None = Field(None, alias="schema")  # llama.cpp's shorthand with json_object
+
+    def schema_dict(self) -> dict[str, Any] | None:
+        return self.json_schema.schema_ if self.json_schema is not None else self.schema_
+
+
 class Sampling(_Body):
     model: str | None = None
     max_tokens: int | None = Field(None, ge=1)
@@ -66,6 +81,8 @@ class Sampling(_Body):
     logprobs: bool | int | None = None
     speculative: SpeculativeOptions | None = None
     user: str | None = None
+    response_format: ResponseFormat | None = None
+    grammar: str | None = Field(None, description="GBNF the output must follow (llama.cpp's extension)")
 
     def stops(self) -> list[str]:
         if self.stop is None:
@@ -73,10 +90,44 @@ class Sampling(_Body):
         return [self.stop] if isinstance(self.stop, str) else list(self.stop)
 
 
+class FunctionDef(_Body):
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class Tool(_Body):
+    type: Literal["function"] = "function"
+    function: FunctionDef
+
+
+class ToolCallFunction(_Body):
+    name: str
+    arguments: str | dict[str, Any] = "{}"
+
+
+class ToolCall(_Body):
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: ToolCallFunction
+
+
+class NamedToolChoiceFunction(_Body):
+    name: str
+
+
+class NamedToolChoice(_Body):
+    type: Literal["function"] = "function"
+    function: NamedToolChoiceFunction
+
+
 class ChatMessage(_Body):
     role: Literal["system", "user", "assistant", "tool", "developer"]
     content: str | list[dict[str, Any]] | None = None
     name: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
 
     def text(self) -> str:
         if isinstance(self.content, list):
@@ -86,6 +137,9 @@ class ChatMessage(_Body):
 
 class ChatRequest(Sampling):
     messages: list[ChatMessage] = Field(min_length=1)
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
 
 
 class CompletionRequest(Sampling):

@@ -26,7 +26,17 @@ log = logging.getLogger("specdeck.server")
 
 def build_service(plan: Plan, target: ModelInfo, draft: ModelInfo | None, model_id: str) -> Service:
     return Service(model_id=model_id, n_ctx=plan.ctx, speculative_default=True,
-                   plan=plan.to_json(), models={"target": str(target.path), "draft": str(draft.path) if draft else None})
+                   plan=plan.to_json(), models={"target": str(target.path), "draft": str(draft.path) if draft else None},
+                   details=model_details(target))
+
+
+def model_details(info: ModelInfo) -> dict:
+    """What Ollama's /api/tags and /api/show report about the served model (from its GGUF header)."""
+    stat = info.path.stat()
+    return {"architecture": info.architecture, "n_params": info.n_params, "file_type": info.file_type,
+            "context_length": info.context_length, "size": info.file_size, "mtime": stat.st_mtime,
+            "chat_template": info.vocab.chat_template, "n_layers": info.n_layers, "n_embd": info.n_embd,
+            "n_head": info.n_head}
 
 
 def attach(service: Service, loaded: Loaded, settings: ServeSettings, on_done) -> None:

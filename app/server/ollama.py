@@ -1,0 +1,348 @@
+"""Ollama's API over the same engine, limits, auth and metrics as the OpenAI routes:
+POST /api/chat, POST /api/generate (newline-delimited JSON streaming, or `"stream": false`),
+GET /api/tags, POST /api/show, GET /api/version. Field names, defaults and error shapes
+(`{"error": "..."}`) follow Ollama's API documentation (docs/api.md)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Callable
+from datetime import datetime, timezone
+from functools import wraps
+from typing import Any, Literal
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import Field
+
+from ..engine.records import RequestRecord, StepRecord
+from ..errors import SpecdeckError
+from .app import (
+    ApiError,
+    Service,
+    _collect,
+    _events,
+    _fim_tokens,
+    _finish,
+    _require_ready,
+    _submit,
+)
+from .metrics import Metrics
+from .scheduler import Done, Failed
+from .schemas import Sampling, Tool, _Body
+from .settings import ServeSettings
+from .structured import ToolCallHold, json_grammar, parse_tool_calls
+from .textstream import TextStream
+
+API_VERSION = "0.12.0"  # the Ollama API level these routes follow (clients check it for features)
+
+# Ollama's defaults where a request leaves an option out (docs/modelfile.md, "PARAMETER")
+DEFAULTS = {"temperature": 0.8, "top_k": 40, "top_p": 0.9, "min_p": 0.0, "repeat_penalty": 1.1}
+
+
+class Options(_Body):
+    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    top_k: int | None = Field(None, ge=0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    min_p: float | None = Field(None, ge=0.0, le=1.0)
+    repeat_penalty: float | None = Field(None, ge=0.0, le=10.0)
+    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    seed: int | None = Field(None, ge=0, lt=2**32)
+    num_predict: int | None = Field(None, ge=-2)
+    stop: str | list[str] | None = None
+    num_ctx: int | None = Field(None, ge=1)  # the server's context is fixed by its plan: accepted, not applied
+
+
+class GenerateRequest(_Body):
+    model: str
+    prompt: str = ""
+    suffix: str | None = None
+    system: str | None = None
+    context: list[int] | None = None
+    stream: bool = True
+    raw: bool = False
+    format: Literal["json"] | dict[str, Any] | None = None
+    options: Options | None = None
+    images: list[str] | None = None
+    keep_alive: str | int | None = None
+
+
+class ToolCallFunction(_Body):
+    name: str
+    arguments: dict[str, Any] = {}
+
+
+class ToolCallIn(_Body):
+    function: ToolCallFunction
+
+
+class Message(_Body):
+    role: Literal["system", "user", "assistant", "tool"]
+    content: str = ""
+    images: list[str] | None = None
+    tool_calls: list[ToolCallIn] | None = None
+    tool_name: str | None = None
+
+
+class ChatRequest(_Body):
+    model: str
+    messages: list[Message] = []
+    tools: list[Tool] | None = None
+    format: Literal["json"] | dict[str, Any] | None = None
+    options: Options | None = None
+    stream: bool = True
+    keep_alive: str | int | None = None
+
+
+class ShowRequest(_Body):
+    model: str | None = None
+    name: str | None = None  # the older field name
+    verbose: bool = False
+
+
+def ollama_errors(handler: Callable) -> Callable:
+    """Errors in Ollama's shape: {"error": "..."} with the status code."""
+
+    @wraps(handler)
+    async def wrapped(*args, **kwargs):
+        try:
+            return await handler(*args, **kwargs)
+        except ApiError as e:
+            return JSONResponse({"error": e.message}, e.status, headers=e.headers)
+
+    return wrapped
+
+
+def add_ollama_routes(app: FastAPI, settings: ServeSettings, service: Service, metrics: Metrics) -> None:
+    @app.get("/api/version")
+    async def version():
+        return {"version": API_VERSION}
+
+    @app.get("/api/tags")
+    async def tags():
+        return {"models": [_model_entry(service)]}
+
+    @app.post("/api/show")
+    @ollama_errors
+    async def show(body: ShowRequest):
+        _check_name(body.model or body.name or "", service)
+        d = service.details
+        arch = d.get("architecture", "")
+        caps = ["completion"]
+        if service.tokenizer is not None and service.tokenizer.supports_tools:
+            caps.append("tools")
+        if service.tokenizer is not None and _has_fim(service):
+            caps.append("insert")
+        return {"modelfile": "", "parameters": "", "template": d.get("chat_template") or "",
+                "details": _details(service), "capabilities": caps,
+                "model_info": {"general.architecture": arch, "general.parameter_count": d.get("n_params"),
+                               f"{arch}.context_length": d.get("context_length"),
+                               f"{arch}.block_count": d.get("n_layers"), f"{arch}.embedding_length": d.get("n_embd"),
+                               f"{arch}.attention.head_count": d.get("n_head")},
+                "modified_at": _iso(d.get("mtime", 0.0))}
+
+    @app.post("/api/generate")
+    @ollama_errors
+    async def generate(body: GenerateRequest, request: Request):
+        _check_name(body.model, service)
+        if body.images:
+            raise ApiError(400, "this model does not take images")
+        if not body.prompt and body.suffix is None:  # Ollama: an empty prompt only loads the model
+            _require_ready(service)
+            return {"model": body.model, "created_at": _now(), "response": "", "done": True, "done_reason": "load"}
+        _require_ready(service)
+        ids = _generate_tokens(service, body)
+        sampling = _sampling(body.options, body.stream)
+        grammar = _format_grammar(body.format)
+        job = _submit(service, settings, metrics, sampling, ids, grammar)
+        text = TextStream(lambda t: service.tokenizer.piece_bytes(t), sampling.stops())
+
+        def final(rec: RequestRecord, reason: str) -> dict:
+            return {"model": body.model, "created_at": _now(), "response": "", "done": True, "done_reason": reason,
+                    "context": ids + rec.completion, **_durations(rec)}
+
+        if body.stream:
+            chunk = lambda delta: {"model": body.model, "created_at": _now(), "response": delta, "done": False}  # noqa: E731
+            return _ndjson(_stream(request, job, text, ToolCallHold(False), chunk, lambda rec, reason, _held: final(rec, reason)))
+        content, rec = await _collect(request, job, text)
+        out = final(rec, _finish(text, rec))
+        out["response"] = content
+        return out
+
+    @app.post("/api/chat")
+    @ollama_errors
+    async def chat(body: ChatRequest, request: Request):
+        _check_name(body.model, service)
+        if not body.messages:  # Ollama: no messages only loads the model
+            _require_ready(service)
+            return {"model": body.model, "created_at": _now(), "message": {"role": "assistant", "content": ""},
+                    "done": True, "done_reason": "load"}
+        _require_ready(service)
+        if any(m.images for m in body.messages):
+            raise ApiError(400, "this model does not take images")
+        tools = [t.function.model_dump(exclude_none=True) for t in body.tools or []]
+        if tools and not service.tokenizer.supports_tools:
+            raise ApiError(400, f"{body.model} does not support tools")
+        messages = [_message(m) for m in body.messages]
+        try:
+            ids = service.tokenizer.chat_tokens(messages, [{"type": "function", "function": t} for t in tools])
+        except Exception as e:  # noqa: BLE001 - a template that cannot render these messages
+            raise ApiError(400, f"cannot render these messages with the model's chat template: {e}") from None
+        sampling = _sampling(body.options, body.stream)
+        job = _submit(service, settings, metrics, sampling, ids, _format_grammar(body.format))
+        text = TextStream(lambda t: service.tokenizer.piece_bytes(t), sampling.stops())
+        names = {t["name"] for t in tools}
+
+        def message(content: str, calls: list[dict]) -> dict:
+            m: dict = {"role": "assistant", "content": content}
+            if calls:
+                m["tool_calls"] = [{"function": {"name": c["name"], "arguments": c["arguments"]}} for c in calls]
+            return m
+
+        def final(rec: RequestRecord, reason: str, held: str) -> dict:
+            content, calls = parse_tool_calls(held, names) if held else (held, [])
+            return {"model": body.model, "created_at": _now(), "message": message(content or "", calls),
+                    "done": True, "done_reason": reason, **_durations(rec)}
+
+        if body.stream:
+            chunk = lambda delta: {"model": body.model, "created_at": _now(),  # noqa: E731
+                                   "message": {"role": "assistant", "content": delta}, "done": False}
+            return _ndjson(_stream(request, job, text, ToolCallHold(bool(tools)), chunk, final))
+        content, rec = await _collect(request, job, text)
+        content, calls = parse_tool_calls(content, names) if tools else (content, [])
+        return {"model": body.model, "created_at": _now(), "message": message(content or "", calls), "done": True,
+                "done_reason": _finish(text, rec), **_durations(rec)}
+
+
+# -- helpers --------------------------------------------------------------------------------------
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat().replace("+00:00", "Z")
+
+
+def _iso(ts: float) -> str:
+    return datetime.fromtimestamp(ts, timezone.utc).isoformat().replace("+00:00", "Z")
+
+
+def _names(service: Service) -> set[str]:
+    return {service.model_id, f"{service.model_id}:latest", "specdeck", "specdeck:latest"}
+
+
+def _check_name(name: str, service: Service) -> None:
+    if name not in _names(service):
+        raise ApiError(404, f"model '{name}' not found (served: {service.model_id})")
+
+
+def _params_label(n: int | None) -> str:
+    if not n:
+        return ""
+    return f"{n / 1e9:.1f}B" if n >= 1e9 else f"{n / 1e6:.0f}M"
+
+
+def _details(service: Service) -> dict:
+    d = service.details
+    arch = d.get("architecture", "")
+    return {"parent_model": "", "format": "gguf", "family": arch, "families": [arch] if arch else [],
+            "parameter_size": _params_label(d.get("n_params")), "quantization_level": d.get("file_type") or ""}
+
+
+def _model_entry(service: Service) -> dict:
+    d = service.details
+    return {"name": service.model_id, "model": service.model_id, "modified_at": _iso(d.get("mtime", 0.0)),
+            "size": d.get("size", 0), "digest": service.plan.get("target_sha256", "") if service.plan else "",
+            "details": _details(service)}
+
+
+def _has_fim(service: Service) -> bool:
+    import llama_cpp
+
+    v = service.tokenizer.vocab
+    return min(int(llama_cpp.llama_vocab_fim_pre(v)), int(llama_cpp.llama_vocab_fim_suf(v)),
+               int(llama_cpp.llama_vocab_fim_mid(v))) >= 0
+
+
+def _sampling(options: Options | None, stream: bool) -> Sampling:
+    """Ollama's options as the OpenAI routes' sampling body (Ollama's defaults where left out)."""
+    o = options or Options()
+    pick = lambda name: getattr(o, name) if getattr(o, name) is not None else DEFAULTS[name]  # noqa: E731
+    n = o.num_predict
+    return Sampling(max_tokens=n if n is not None and n > 0 else None, temperature=pick("temperature"),
+                    top_k=pick("top_k"), top_p=pick("top_p"), min_p=pick("min_p"), repeat_penalty=pick("repeat_penalty"),
+                    presence_penalty=o.presence_penalty or 0.0, frequency_penalty=o.frequency_penalty or 0.0,
+                    seed=o.seed, stop=o.stop, stream=stream)
+
+
+def _format_grammar(fmt: str | dict | None) -> str | None:
+    if fmt is None:
+        return None
+    try:
+        return json_grammar(None if fmt == "json" else fmt)
+    except SpecdeckError as e:
+        raise ApiError(400, e.message, param="format") from None
+
+
+def _generate_tokens(service: Service, body: GenerateRequest) -> list[int]:
+    tok = service.tokenizer
+    if body.suffix is not None:
+        ids = _fim_tokens(tok, body.prompt, body.suffix, [])
+    elif body.raw or not tok.chat_template:
+        ids = tok.encode(body.prompt, add_special=not body.context)
+    else:
+        messages = ([{"role": "system", "content": body.system}] if body.system else []) + [
+            {"role": "user", "content": body.prompt}]
+        ids = tok.chat_tokens(messages)
+        if body.context and ids and tok.add_bos and ids[0] == tok.bos:
+            ids = ids[1:]
+    if body.context:
+        bad = [t for t in body.context if not 0 <= t < tok.model.n_vocab]
+        if bad:
+            raise ApiError(400, f"context token {bad[0]} is outside the vocabulary")
+        ids = list(body.context) + ids
+    if len(ids) >= service.n_ctx:
+        raise ApiError(400, f"the prompt is {len(ids):,} tokens; this server's context is {service.n_ctx:,} tokens")
+    return ids
+
+
+def _message(m: Message) -> dict:
+    d: dict = {"role": m.role, "content": m.content}
+    if m.tool_calls:
+        d["tool_calls"] = [{"type": "function", "function": {"name": c.function.name, "arguments": c.function.arguments}}
+                           for c in m.tool_calls]
+    if m.tool_name:
+        d["name"] = m.tool_name
+    return d
+
+
+def _durations(rec: RequestRecord) -> dict:
+    ns = lambda s: int(s * 1e9)  # noqa: E731
+    return {"total_duration": ns(rec.t_prompt + rec.t_generate), "load_duration": 0,
+            "prompt_eval_count": rec.prompt_tokens - rec.reused_tokens, "prompt_eval_duration": ns(rec.t_prompt),
+            "eval_count": len(rec.completion), "eval_duration": ns(rec.t_generate)}
+
+
+def _ndjson(lines: AsyncIterator[dict]) -> StreamingResponse:
+    async def body():
+        async for obj in lines:
+            yield (json.dumps(obj) + "\n").encode()
+
+    return StreamingResponse(body(), media_type="application/x-ndjson")
+
+
+async def _stream(request: Request, job, text: TextStream, hold: ToolCallHold, chunk: Callable[[str], dict],
+                  final: Callable[[RequestRecord, str, str], dict]) -> AsyncIterator[dict]:
+    async for event in _events(request, job):
+        if isinstance(event, StepRecord):
+            delta = hold.push(text.push(event.tokens))
+            if text.stopped:
+                job.cancel()
+            if delta:
+                yield chunk(delta)
+        elif isinstance(event, Failed):
+            yield {"error": event.message}
+            return
+        elif isinstance(event, Done):
+            tail = hold.push(text.flush())
+            if tail:
+                yield chunk(tail)
+            yield final(event.record, _finish(text, event.record), hold.held)
