@@ -59,6 +59,11 @@ def grammar_sampler(vocab, grammar: str) -> llama_cpp.llama_sampler_p:
     return ptr
 
 
+def check_grammar(vocab, grammar: str) -> None:
+    """Parse `grammar` as llama.cpp will (SpecdeckError if it does not)."""
+    llama_cpp.llama_sampler_free(grammar_sampler(vocab, grammar))
+
+
 def _chain(params: SamplingParams, n_vocab: int, with_draw: bool, vocab=None) -> llama_cpp.llama_sampler_p:
     init_llama()
     chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
