@@ -70,8 +70,11 @@ class ModelDrafter:
     def _sampler(self, seq: int, sampling: SamplingParams) -> TokenSampler:
         have = self._samplers.get(seq)
         if have is None or have[0] != sampling:
+            # the draft's q leaves out penalties and grammar (their state follows the target's history;
+            # a draft token the grammar forbids has p = 0 and is rejected)
             have = (sampling, TokenSampler(sampling.model_copy(update={"repeat_penalty": 1.0, "frequency_penalty": 0.0,
-                                                                       "presence_penalty": 0.0}), self.ctx.model.n_vocab))
+                                                                       "presence_penalty": 0.0, "grammar": None}),
+                                           self.ctx.model.n_vocab))
             self._samplers[seq] = have
         return have[1]
 
@@ -161,7 +164,7 @@ class LookupDrafter:
 
     name = "lookup"
 
-    def __init__(self, ngram_max: int = 4, ngram_min: int = 2) -> None:
+    def __init__(self, ngram_max: int = 6, ngram_min: int = 2) -> None:
         self.ngram_max = ngram_max
         self.ngram_min = ngram_min
         self.restarted: set[int] = set()  # sequences whose history started anew (a new request)
@@ -211,13 +214,11 @@ class AdaptiveDrafter:
 
     name = "adaptive"
     LOOKUP_COST = 2e-5  # seconds per proposed token: a dictionary lookup
-    LOOKUP_CAP_START, LOOKUP_CAP_MAX = 2, 64
 
     def __init__(self, controller: Controller, lookup: LookupDrafter | None, model: ModelDrafter | None) -> None:
         self.controller = controller
         self.lookup = lookup
         self.model = model
-        self.cap: dict[int, int] = {}  # per slot: the longest lookup draft to try now
 
     def propose(self, seq: int, history: Sequence[int], k: int, sampling: SamplingParams | None = None,
                 rng: np.random.Generator | None = None) -> Draft:
@@ -227,11 +228,9 @@ class AdaptiveDrafter:
             if seq in self.lookup.restarted:
                 self.lookup.restarted.discard(seq)
                 self.controller.new_request(seq)
-                self.cap[seq] = self.LOOKUP_CAP_START
             if tokens:
-                # lookup drafts double while they are kept whole and halve on a miss: a miss stays cheap
-                cap = self.cap.setdefault(seq, self.LOOKUP_CAP_START)
-                choice = self.controller.choose(f"lookup-{n}", min(len(tokens), cap), self.LOOKUP_COST, seq)
+                # acceptance is learned per matched n-gram length: long matches are verbatim copies
+                choice = self.controller.choose(f"lookup-{n}", len(tokens), self.LOOKUP_COST, seq)
                 if choice.k > 0:
                     return Draft(tokens[: choice.k], None, source="lookup", match_len=n, choice=choice)
         if self.model is not None and k > 0:
@@ -249,8 +248,6 @@ class AdaptiveDrafter:
     def accepted(self, seq: int, draft: Draft, n_accepted: int) -> None:
         if draft.source == "lookup":
             self.controller.observe(f"lookup-{draft.match_len}", len(draft.tokens), n_accepted, seq)
-            cap = self.cap.get(seq, self.LOOKUP_CAP_START)
-            self.cap[seq] = min(cap * 2, self.LOOKUP_CAP_MAX) if n_accepted == len(draft.tokens) else max(cap // 2, 2)
         else:
             self.controller.observe(draft.source, len(draft.tokens), n_accepted)
 
