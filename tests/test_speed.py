@@ -129,3 +129,16 @@ def test_per_request_estimates_drop_a_drafter_after_misses():
     c.observe("lookup-4", 1, 0, seq=0)
     assert c.choose("lookup-4", 8, 2e-5, seq=0).k == 0  # two: this request's text is different
     assert c.choose("lookup-4", 8, 2e-5, seq=1).k >= 2  # other slots keep the global estimate
+
+
+def test_controller_weighs_a_draft_by_what_it_adds_to_a_shared_batch():
+    """Costs where a decode of 5 tokens costs about what one of 4 does. Alone, a draft at a = 0.67 does not
+    pay (two tokens cost twice one); in a step that already verifies 4 sequences, one more token is nearly free."""
+    costs = CostModel(verify={1: 0.036, 2: 0.069, 4: 0.132, 5: 0.134, 8: 0.245, 16: 0.295})
+    c = Controller(costs)
+    for _ in range(10):
+        c.observe("lookup-3", 5, 2)
+    assert 0.6 < c.alpha("lookup-3") < 0.7
+    assert c.choose("lookup-3", 1, 2e-5).k == 0
+    in_batch = c.choose("lookup-3", 1, 2e-5, batch=4)
+    assert in_batch.k == 1 and in_batch.gain > 1.05 and "batch of 4" in in_batch.reason

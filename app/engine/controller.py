@@ -112,17 +112,21 @@ class Controller:
         for k in [k for k in self.local if k[0] == seq]:
             del self.local[k]
 
-    def choose(self, key: str, k_max: int, draft_cost: float, seq: int | None = None) -> Choice:
-        """The best k in 0..k_max for a drafter whose tokens cost `draft_cost` seconds each."""
+    def choose(self, key: str, k_max: int, draft_cost: float, seq: int | None = None, batch: int = 1) -> Choice:
+        """The best k in 0..k_max for a drafter whose tokens cost `draft_cost` seconds each, when this
+        sequence shares its verify decode with `batch - 1` others (one token each): k drafts then
+        cost c_verify(batch + k) for batch - 1 + E[tokens] tokens, against batch / c_verify(batch)."""
         a = self.alpha(key, seq)
-        plain = 1.0 / self.costs.c_verify(1)
-        best = Choice(0, a, 1.0, self.costs.c_verify(1), 1.0, "plain decoding is fastest")
+        c = self.costs.c_verify
+        plain = batch / c(batch)
+        best = Choice(0, a, 1.0, c(batch), 1.0, "plain decoding is fastest")
         for k in range(1, k_max + 1):
             e = expected_tokens(k, a)
-            cost = k * draft_cost + self.costs.c_verify(k + 1)
-            gain = e / cost / plain
+            cost = k * draft_cost + c(batch + k)
+            gain = (batch - 1 + e) / cost / plain
             if gain > best.gain:
-                best = Choice(k, a, e, cost, gain, f"{key}: a={a:.2f}, {e:.2f} tokens per {cost * 1e3:.1f} ms")
+                best = Choice(k, a, e, cost, gain, f"{key}: a={a:.2f}, {e:.2f} tokens per {cost * 1e3:.1f} ms"
+                              + (f" in a batch of {batch}" if batch > 1 else ""))
         if best.k == 0 and k_max > 0 and self._could_pay(k_max, draft_cost):
             # now and then try once, so a changed acceptance is noticed (only where it could pay at all)
             idle = self._idle.get(key, 0) + 1

@@ -219,6 +219,12 @@ class AdaptiveDrafter:
         self.controller = controller
         self.lookup = lookup
         self.model = model
+        self.batch = 1  # sequences in the coming verify decode (the engine says, each step)
+
+    def begin_step(self, n_sequences: int) -> None:
+        """The next proposals share one verify decode with this many sequences: drafts cost what
+        they add to that batch."""
+        self.batch = max(1, n_sequences)
 
     def propose(self, seq: int, history: Sequence[int], k: int, sampling: SamplingParams | None = None,
                 rng: np.random.Generator | None = None) -> Draft:
@@ -230,12 +236,12 @@ class AdaptiveDrafter:
                 self.controller.new_request(seq)
             if tokens:
                 # acceptance is learned per matched n-gram length: long matches are verbatim copies
-                choice = self.controller.choose(f"lookup-{n}", len(tokens), self.LOOKUP_COST, seq)
+                choice = self.controller.choose(f"lookup-{n}", len(tokens), self.LOOKUP_COST, seq, self.batch)
                 if choice.k > 0:
                     return Draft(tokens[: choice.k], None, source="lookup", match_len=n, choice=choice)
         if self.model is not None and k > 0:
             draft_cost = self.controller.costs.draft or self.controller.costs.c_verify(1)
-            choice = self.controller.choose("draft-model", k, draft_cost)
+            choice = self.controller.choose("draft-model", k, draft_cost, batch=self.batch)
             if choice.k > 0:
                 t = time.perf_counter()
                 d = self.model.propose(seq, history, choice.k, sampling, rng)

@@ -195,6 +195,8 @@ class Engine:
         starved = self._budget(slots, ks)
         ended = [StepRecord(s.id, [], 0, 0, 0, "none", 0.0, 0.0, 0.0, finish_reason="context") for s in starved]
         slots = [s for s in slots if s not in starved]
+        if hasattr(self.drafter, "begin_step"):  # drafters that weigh a draft's cost in the shared batch
+            self.drafter.begin_step(len(slots))
         drafts, t_draft = {}, {}
         for s in slots:
             t = time.perf_counter()
