@@ -223,7 +223,7 @@ class Engine:
         self.target.decode(batch)
         t_verify = time.perf_counter() - t
         controller = getattr(self.drafter, "controller", None)
-        if controller is not None and controller.learn_costs and len(slots) == 1:  # costs follow real steps
+        if controller is not None and controller.learn_costs:  # costs follow real steps (n tokens, any slots)
             controller.costs.observe_verify(len(batch), t_verify)
         t_verify /= max(1, len(slots))
 
