@@ -1,12 +1,13 @@
 #!/usr/bin/env python3
 """The server under load, side by side with llama-server built from the same llama.cpp sources.
 
-    python scripts/serve_bench.py [--preset coder-1.5b] [--tokens 128] [--json]
+    python scripts/serve_bench.py [--preset coder-1.5b] [--tokens 128] [--rounds 2] [--json]
 
-For each server (`specdeck serve --parallel 4`, `llama-server -np 4`, same models, context and
-threads): aggregate generated tokens/s with 1, 2 and 4 concurrent streaming clients (greedy,
---tokens each, distinct prompts), and time to first token for a ~2.6K-token prompt sent cold and
-then again (the prompt cache). Loopback only; bounded counts; stops by itself.
+Both servers (`specdeck serve --parallel 4`, `llama-server -np 4`, same models, context and
+threads) run at once; measurements alternate between them: aggregate generated tokens/s with 1, 2
+and 4 concurrent clients (greedy, --tokens each, distinct prompts; median of the rounds), then time
+to first token for a ~2.6K-token prompt sent cold and then again (the prompt cache). Loopback
+only; bounded counts; stops by itself.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import argparse
 import concurrent.futures
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -60,29 +62,24 @@ def ttft(url: str, prompt: str) -> tuple[float, float]:
     return once(), once()
 
 
-def measure(url: str, tokens: int, long_prompt: str) -> dict:
-    out = {f"streams_{n}": aggregate(url, n, tokens) for n in (1, 2, 4)}
-    cold, cached = ttft(url, long_prompt)
-    out.update({"ttft_cold_s": cold, "ttft_cached_s": cached})
-    return out
-
-
-def run_server(command, tokens: int, long_prompt: str) -> dict:
-    """Start a server on a free loopback port, measure it, stop it."""
+def start(command) -> tuple[str, subprocess.Popen]:
+    """A server on a free loopback port, ready."""
     port = free_port()
     proc = subprocess.Popen(command(port), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
     try:
-        wait_ready(f"http://127.0.0.1:{port}", proc)
-        return measure(f"http://127.0.0.1:{port}", tokens, long_prompt)
-    finally:
+        wait_ready(url, proc)
+    except BaseException:
         proc.terminate()
-        proc.wait(30)
+        raise
+    return url, proc
 
 
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--preset", default="coder-1.5b")
     ap.add_argument("--tokens", type=int, default=128)
+    ap.add_argument("--rounds", type=int, default=2, help="rounds of 1/2/4 streams per server, interleaved (median)")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 2)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
@@ -91,29 +88,42 @@ def main() -> int:
     fetcher = Fetcher(paths(), hub_settings(), __import__("rich.console").console.Console(quiet=True))
     target = fetcher.existing(catalog.model(preset.target)).path
     long_prompt = ("# Review this module.\n" + CODE_EDIT_MODULE) * 8  # ~2.6K tokens
-    results = {}
-
-    results["specdeck"] = run_server(
-        lambda port: [sys.executable, "-m", "app.cli", "serve", args.preset, "--port", str(port), "--parallel", "4",
-                      "--ctx", "16384", "--threads", str(args.threads)], args.tokens, long_prompt)
+    commands = {"specdeck": lambda port: [sys.executable, "-m", "app.cli", "serve", args.preset, "--port", str(port),
+                                          "--parallel", "4", "--ctx", "16384", "--threads", str(args.threads)]}
     server = find_llama_server()
     if server:
-        results["llama_server_np4"] = run_server(
-            lambda port: [str(server), "-m", str(target), "--port", str(port), "--host", "127.0.0.1", "-np", "4",
-                          "-c", "16384", "-t", str(args.threads), "-tb", str(args.threads), "--no-warmup"],
-            args.tokens, long_prompt)
+        commands["llama_server_np4"] = lambda port: [str(server), "-m", str(target), "--port", str(port), "--host",
+                                                     "127.0.0.1", "-np", "4", "-c", "16384", "-t", str(args.threads),
+                                                     "-tb", str(args.threads), "--no-warmup"]
+    # both servers stay up; each measurement alternates between them, so drift in this machine's
+    # speed falls on both sides of every ratio
+    running = {}
+    try:
+        for name, command in commands.items():
+            running[name] = start(command)
+        samples: dict = {name: {n: [] for n in (1, 2, 4)} for name in running}
+        for _ in range(args.rounds):
+            for n in (1, 2, 4):
+                for name, (url, _proc) in running.items():
+                    samples[name][n].append(aggregate(url, n, args.tokens))
+        results = {}
+        for name, (url, _proc) in running.items():
+            cold, cached = ttft(url, long_prompt)
+            results[name] = {f"streams_{n}": statistics.median(v) for n, v in samples[name].items()}
+            results[name].update({f"streams_{n}_all": v for n, v in samples[name].items()})
+            results[name].update({"ttft_cold_s": cold, "ttft_cached_s": cached, "ttft_cached_vs_cold": cached / cold})
+    finally:
+        for _url, proc in running.values():
+            proc.terminate()
+            proc.wait(30)
     if "llama_server_np4" in results:
         s, l = results["specdeck"], results["llama_server_np4"]
         results["ratios"] = {f"streams_{n}": s[f"streams_{n}"] / l[f"streams_{n}"] for n in (1, 2, 4)}
-    for name in ("specdeck", "llama_server_np4"):
-        if name in results:
-            r = results[name]
-            r["ttft_cached_vs_cold"] = r["ttft_cached_s"] / r["ttft_cold_s"]
     if args.json:
         print(json.dumps(results, indent=1))
     else:
         for name, r in results.items():
-            print(name, {k: round(v, 3) for k, v in r.items()})
+            print(name, {k: (round(v, 3) if isinstance(v, float) else [round(x, 1) for x in v]) for k, v in r.items()})
     return 0
 
 
