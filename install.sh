@@ -6,6 +6,11 @@
 #   bash install.sh --test     also install the test extras
 #   options: --cpu | --cuda    force the llama-cpp-python build
 #            --venv DIR        where the environment goes (default: .venv next to this script)
+#            --pull [PRESET]   then pull, check and plan the preset (default: the one for this machine)
+#            --service         then install systemd/specdeck.service (needs root): a 'specdeck' system
+#                              user, /etc/specdeck/specdeck.env, models pulled into /var/cache/specdeck
+#                              as that user, checked, planned, and the service enabled and started
+#            --dry-run         with --service: print what it would do, change nothing
 #
 # Idempotent: a second run only installs what changed. Fails loudly, naming the step.
 set -Eeuo pipefail
@@ -14,6 +19,10 @@ HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 VENV="$HERE/.venv"
 EXTRAS=""
 BUILD="auto"
+PULL=""
+PRESET=""
+SERVICE=""
+DRY_RUN=""
 LLAMA_VERSION="0.3.36"
 STEP="start"
 
@@ -27,11 +36,72 @@ while [ $# -gt 0 ]; do
     --cpu) BUILD="cpu" ;;
     --cuda) BUILD="cuda" ;;
     --venv) shift; [ $# -gt 0 ] || die "--venv needs a directory"; VENV="$1" ;;
-    -h|--help) sed -n '2,11p' "$0"; exit 0 ;;
+    --pull) PULL=1; if [ $# -gt 1 ] && [ "${2#-}" = "$2" ]; then shift; PRESET="$1"; fi ;;
+    --service) SERVICE=1 ;;
+    --dry-run) DRY_RUN=1 ;;
+    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
     *) die "unknown option '$1' (see --help)" ;;
   esac
   shift
 done
+[ -z "$DRY_RUN" ] || [ -n "$SERVICE" ] || die "--dry-run goes with --service"
+
+# -- the service (after the installation below, or alone with --dry-run) ----------------------
+SVC_USER="specdeck"
+UNIT_DST="/etc/systemd/system/specdeck.service"
+ENV_DST="/etc/specdeck/specdeck.env"
+CACHE="/var/cache/specdeck"
+act() {  # run a command, or only show it with --dry-run
+  if [ -n "$DRY_RUN" ]; then printf '  would run: %s\n' "$*"; else printf '  + %s\n' "$*"; "$@"; fi
+}
+as_service_user() {
+  act runuser -u "$SVC_USER" -- env SPECDECK_HOME="$CACHE" HF_HOME="$CACHE/hf" SPECDECK_CONFIG_DIR=/etc/specdeck "$@"
+}
+install_service() {
+  STEP="install the systemd service"
+  say "systemd service${DRY_RUN:+ (dry run: nothing is changed)}"
+  if [ "$(id -u)" -ne 0 ] && [ -z "$DRY_RUN" ]; then
+    die "--service needs root (it adds a system user, /etc/specdeck and a unit): run  sudo bash install.sh --service  (or add --dry-run to see what it would do)"
+  fi
+  case "$VENV/" in /root/*|/home/*|/run/user/*)
+    msg="the service cannot read $VENV (ProtectHome=yes hides /home and /root): install with --venv /opt/specdeck/venv from a checkout outside /home and /root"
+    if [ -n "$DRY_RUN" ]; then printf '  warning: %s\n' "$msg"; else die "$msg"; fi ;;
+  esac
+  case "$HERE/" in /root/*|/home/*)
+    msg="specdeck is installed in editable mode from $HERE, which the service cannot read (ProtectHome=yes): put the checkout under /opt"
+    if [ -n "$DRY_RUN" ]; then printf '  warning: %s\n' "$msg"; else die "$msg"; fi ;;
+  esac
+  command -v systemctl >/dev/null 2>&1 || [ -n "$DRY_RUN" ] || die "no systemctl: this machine does not run systemd"
+  local unit; unit="$(mktemp -d)/specdeck.service"
+  sed -e "s#@VENV@#$VENV#g" -e "s#@USER@#$SVC_USER#g" "$HERE/systemd/specdeck.service" > "$unit"
+  if command -v systemd-analyze >/dev/null 2>&1; then
+    if [ -x "$VENV/bin/specdeck" ]; then
+      systemd-analyze verify "$unit" || die "systemd-analyze verify rejected the unit ($unit)"
+      say "systemd-analyze verify: ok ($unit)"
+    else
+      printf '  systemd-analyze verify skipped: %s is not installed yet\n' "$VENV/bin/specdeck"
+    fi
+  fi
+  if ! id "$SVC_USER" >/dev/null 2>&1; then
+    act useradd --system --home-dir "$CACHE" --no-create-home --shell /usr/sbin/nologin "$SVC_USER"
+  fi
+  if getent group video >/dev/null 2>&1; then act usermod -a -G video "$SVC_USER"; fi
+  act install -d -m 0750 -o root -g "$SVC_USER" /etc/specdeck
+  act install -d -m 0750 -o "$SVC_USER" -g "$SVC_USER" "$CACHE"
+  if [ -e "$ENV_DST" ]; then printf '  keeping %s\n' "$ENV_DST"
+  else act install -m 0640 -o root -g "$SVC_USER" "$HERE/systemd/specdeck.env" "$ENV_DST"; fi
+  act install -m 0644 "$unit" "$UNIT_DST"
+  as_service_user "$VENV/bin/specdeck" pull $PRESET
+  as_service_user "$VENV/bin/specdeck" check $PRESET
+  as_service_user "$VENV/bin/specdeck" plan $PRESET
+  act systemctl daemon-reload
+  act systemctl enable --now specdeck.service
+  say "service: systemctl status specdeck · journalctl -u specdeck -f · $VENV/bin/specdeck dash (settings and API key: $ENV_DST)"
+}
+if [ -n "$DRY_RUN" ]; then
+  install_service
+  exit 0
+fi
 
 STEP="find Python 3.11+"
 PY=""
@@ -95,3 +165,14 @@ say "installing specdeck$EXTRAS into $VENV"
 STEP="check the installation"
 "$VENV/bin/specdeck" --version >/dev/null
 say "done: $(installed_build) · run $VENV/bin/specdeck --help"
+
+if [ -n "$PULL" ] && [ -z "$SERVICE" ]; then
+  STEP="pull, check and plan ${PRESET:-the default preset}"
+  "$VENV/bin/specdeck" pull $PRESET
+  "$VENV/bin/specdeck" check $PRESET
+  "$VENV/bin/specdeck" plan $PRESET
+  say "ready: $VENV/bin/specdeck up $PRESET"
+fi
+if [ -n "$SERVICE" ]; then
+  install_service
+fi

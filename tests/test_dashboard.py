@@ -5,12 +5,20 @@
 from __future__ import annotations
 
 import copy
+import io
 import json
 from pathlib import Path
 
 from rich.console import Console
 
-from app.dashboard import build_snapshot, loading_snapshot, log_line, metric_totals, render, sparkline
+from app.dashboard import (
+    build_snapshot,
+    loading_snapshot,
+    log_line,
+    metric_totals,
+    render,
+    sparkline,
+)
 from app.engine.records import RequestRecord, StepRecord
 from app.server.stats import LiveStats
 
@@ -24,7 +32,7 @@ def recorded() -> dict:
 
 
 def screen(snap: dict, width: int = 80) -> list[str]:
-    console = Console(record=True, width=width, height=24, color_system=None, file=open("/dev/null", "w"))
+    console = Console(record=True, width=width, height=24, color_system=None, file=io.StringIO())
     console.print(render(snap))
     return console.export_text().rstrip("\n").split("\n")
 

@@ -26,6 +26,7 @@ def notify(message: str) -> bool:
         addr = "\0" + addr[1:]
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+            s.setblocking(False)  # a reader that stopped reading must never stall the server
             s.connect(addr)
             s.sendall(message.encode())
         return True
