@@ -69,7 +69,7 @@ class LiveStats:
             prev = self._cpu_prev
             if prev is None or now - prev[0] >= 1.0:
                 if prev is not None:
-                    busy = lambda t: sum(t) - t.idle - getattr(t, "iowait", 0.0)  # noqa: E731
+                    busy = lambda t: sum(t) - t.idle - getattr(t, "iowait", 0.0)
                     total = sum(times) - sum(prev[1])
                     self._cpu_last = max(0.0, min(100.0, 100.0 * (busy(times) - busy(prev[1])) / total)) if total > 0 else None
                 self._cpu_prev = (now, times)
