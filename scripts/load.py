@@ -28,7 +28,7 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from app.bench import free_port, wait_ready  # noqa: E402
+from app.bench import free_port, wait_ready
 
 PROMPTS = [
     "def fibonacci(n: int) -> list[int]:\n    \"\"\"Return the first n Fibonacci numbers.\"\"\"\n",
@@ -73,6 +73,8 @@ def request(url: str, prompt: str, max_tokens: int) -> dict:
 
 def near_tie_check(preset: str, pairs: list[tuple[str, str, str]]) -> list[dict]:
     """For answers that differ from their solo run: where, and the target's top-two gap there."""
+    from rich.console import Console
+
     from app.catalog import load_catalog
     from app.engine.text import Tokenizer
     from app.fetch import Fetcher
@@ -82,8 +84,6 @@ def near_tie_check(preset: str, pairs: list[tuple[str, str, str]]) -> list[dict]
     from app.planner import PlanRequest, make_plan
     from app.settings import hub_settings, paths
     from app.verify import GAP_TOLERANCE, text_divergence
-
-    from rich.console import Console
 
     cat = load_catalog()
     spec = cat.model(cat.preset(preset).target)

@@ -31,9 +31,9 @@ import psutil
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from load import PROMPTS, start_server  # noqa: E402
+from load import PROMPTS, start_server
 
-from app.hardware import read_gpus  # noqa: E402
+from app.hardware import read_gpus
 
 
 def slope_per_hour(points: list[tuple[float, float]]) -> float:
