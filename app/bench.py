@@ -22,7 +22,7 @@ from .engine.engine import Engine, Request, SpecParams
 from .runtime import Loaded
 from .verify import prompt_tokens
 
-MODES = ("plain", "draft", "lookup", "adaptive")
+MODES = ("plain", "adaptive", "lookup", "draft")  # plain and adaptive side by side; the order flips each repeat
 DRAFT_N_MAX = 8  # the draft model at a fixed length, greedy (our "draft" mode)
 ANCHOR_P_MIN = 0.75  # llama-server's best draft setting here (FACTS: n-max 8, p-min 0.75)
 ADAPTIVE_N_MAX = 16  # the controller may go this long (lookup proposals are free to make)
@@ -39,6 +39,7 @@ class ModeResult:
         med = lambda xs: statistics.median(xs) if xs else None  # noqa: E731
         return {
             "tok_s": med(self.tok_s), "tok_s_min": min(self.tok_s, default=None), "tok_s_max": max(self.tok_s, default=None),
+            "tok_s_all": list(self.tok_s),
             "acceptance": med(self.acceptance), "tokens_per_decode": med(self.tokens_per_decode),
             "python_ms_per_drafted_token": med(self.python_ms_per_drafted),
         }
@@ -54,8 +55,10 @@ def _drafters(loaded: Loaded, controller: Controller) -> dict:
     }
 
 
-def run_engine(loaded: Loaded, prompts: list[dict], max_tokens: int, repeats: int, modes=MODES, log=print) -> tuple[dict, dict]:
-    """{kind: {mode: summary}}, and the calibrated costs."""
+def run_engine(loaded: Loaded, prompts: list[dict], max_tokens: int, repeats: int, modes=MODES, log=print,
+               anchors: AnchorServers | None = None) -> tuple[dict, dict, dict]:
+    """{kind: {mode: summary}}, the calibrated costs, and {anchor: {kind: tok_s}} measured next to
+    each prompt's runs (when `anchors` are up)."""
     t = time.perf_counter()
     costs = calibrate(loaded.target, loaded.draft, ADAPTIVE_N_MAX)
     log(f"calibrated in {time.perf_counter() - t:.1f} s: c_verify(1..{ADAPTIVE_N_MAX + 1}) ms "
@@ -65,11 +68,14 @@ def run_engine(loaded: Loaded, prompts: list[dict], max_tokens: int, repeats: in
     drafters = _drafters(loaded, controller)
     tok = loaded.tokenizer
     results: dict[str, dict[str, ModeResult]] = {}
+    anchor_runs: dict[str, dict[str, list[float]]] = {}
     for rep in range(repeats):
         for item in prompts:
             kind = item.get("kind", "custom")
             ids = prompt_tokens(tok, item)
-            for mode in modes:
+            # ABBA: each repeat runs the modes in the other order, so a drift in this machine's speed
+            # falls on both sides of the adaptive / plain ratio (taken per repeat, then the median)
+            for mode in (modes if rep % 2 == 0 else tuple(reversed(modes))):
                 drafter = drafters[mode]
                 if mode != "plain" and drafter is None:
                     continue
@@ -95,8 +101,15 @@ def run_engine(loaded: Loaded, prompts: list[dict], max_tokens: int, repeats: in
                 log(f"  [{rep + 1}/{repeats}] {kind:16} {mode:9} {r.generation_tps or 0:6.1f} tok/s"
                     f"  acceptance {r.acceptance if r.acceptance is None else round(r.acceptance, 2)}"
                     f"  tokens/decode {r.tokens_per_decode or 0:.2f}")
+            for name in (anchors.urls if anchors else {}):
+                tps = anchors.measure(name, ids, max_tokens)
+                anchor_runs.setdefault(name, {}).setdefault(kind, []).append(tps)
+                log(f"  [{rep + 1}/{repeats}] {kind:16} {name:20} {tps:6.1f} tok/s")
     summary = {kind: {mode: res.summary() for mode, res in modes_.items()} for kind, modes_ in results.items()}
-    return summary, {"c_verify_ms": {n: v * 1e3 for n, v in costs.verify.items()}, "c_draft_ms": (costs.draft or 0) * 1e3}
+    anchor_summary = {name: {kind: statistics.median(v) for kind, v in kinds.items()} for name, kinds in anchor_runs.items()}
+    anchor_summary["runs"] = anchor_runs
+    return (summary, {"c_verify_ms": {n: v * 1e3 for n, v in costs.verify.items()}, "c_draft_ms": (costs.draft or 0) * 1e3},
+            anchor_summary if anchor_runs else {})
 
 
 # -- llama-server anchors ----------------------------------------------------------------------
@@ -148,52 +161,72 @@ def wait_ready(url: str, proc: subprocess.Popen, timeout: float = 300) -> None:
     raise RuntimeError("llama-server did not become ready")
 
 
-def run_anchors(server: Path, target: Path, draft: Path | None, prompt_ids: dict[str, list[int]], max_tokens: int,
-                threads: int, n_ctx: int, repeats: int, log=print) -> dict:
-    """{anchor: {kind: tok_s}} through llama-server's /completion, greedy, same token ids."""
-    out: dict[str, dict[str, float]] = {}
-    for name, extra in ANCHORS.items():
-        if "{draft}" in extra and draft is None:
-            continue
-        port = free_port()
-        args = [str(server), "-m", str(target), "--host", "127.0.0.1", "--port", str(port), "-t", str(threads),
-                "-tb", str(threads), "-c", str(n_ctx), "-np", "1", "--no-warmup"] + [a.replace("{draft}", str(draft)) for a in extra]
-        proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        url = f"http://127.0.0.1:{port}"
+class AnchorServers:
+    """llama-server with each anchor's flags, all started up front and kept up, so every anchor is
+    measured right next to specdeck's own runs of the same prompt (this machine's speed drifts)."""
+
+    def __init__(self, server: Path, target: Path, draft: Path | None, threads: int, n_ctx: int) -> None:
+        self.urls: dict[str, str] = {}
+        self.procs: list[subprocess.Popen] = []
+        self.args = (server, target, draft, threads, n_ctx)
+
+    def __enter__(self) -> AnchorServers:
+        server, target, draft, threads, n_ctx = self.args
         try:
-            wait_ready(url, proc)
-            for kind, ids in prompt_ids.items():
-                speeds = []
-                for _ in range(repeats):
-                    r = _post(url + "/completion", {"prompt": ids, "n_predict": max_tokens, "temperature": 0,
+            for name, extra in ANCHORS.items():
+                if any("{draft}" in a for a in extra) and draft is None:
+                    continue
+                port = free_port()
+                args = [str(server), "-m", str(target), "--host", "127.0.0.1", "--port", str(port), "-t", str(threads),
+                        "-tb", str(threads), "-c", str(n_ctx), "-np", "1", "--no-warmup"]
+                args += [a.replace("{draft}", str(draft)) for a in extra]
+                proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                self.procs.append(proc)
+                url = f"http://127.0.0.1:{port}"
+                wait_ready(url, proc)
+                self.urls[name] = url
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def measure(self, name: str, ids: list[int], max_tokens: int) -> float:
+        """Generated tokens/s for one greedy request through llama-server's /completion."""
+        r = _post(self.urls[name] + "/completion", {"prompt": ids, "n_predict": max_tokens, "temperature": 0,
                                                     "cache_prompt": False, "top_k": 1})
-                    speeds.append(float(r["timings"]["predicted_per_second"]))
-                out.setdefault(name, {})[kind] = statistics.median(speeds)
-                log(f"  {name:20} {kind:16} {out[name][kind]:6.1f} tok/s")
-        finally:
+        return float(r["timings"]["predicted_per_second"])
+
+    def __exit__(self, *exc) -> None:
+        for proc in self.procs:
             proc.terminate()
             try:
                 proc.wait(10)
             except subprocess.TimeoutExpired:
                 proc.kill()
-    return out
+        self.procs = []
 
 
-def ratios(workloads: dict, anchors: dict) -> dict:
-    """The goals as ratios measured in this run."""
+def _paired(a: list[float], b: list[float]) -> tuple[float, float, float] | None:
+    """Median, min and max of a[i] / b[i]: runs of the same repeat, minutes apart at most."""
+    pairs = [x / y for x, y in zip(a, b) if y]
+    return (statistics.median(pairs), min(pairs), max(pairs)) if pairs else None
+
+
+def ratios(workloads: dict, anchor_runs: dict) -> dict:
+    """The goals as ratios measured in this run, each taken per repeat (side by side), then the median.
+    `anchor_runs`: {anchor: {kind: [tok_s per repeat]}}."""
+    runs = anchor_runs
     out = {}
     for kind, modes in workloads.items():
-        plain = (modes.get("plain") or {}).get("tok_s")
-        adaptive = (modes.get("adaptive") or {}).get("tok_s")
+        all_ = lambda m, modes=modes: (modes.get(m) or {}).get("tok_s_all") or []  # noqa: E731
+        anchor = lambda a, kind=kind: runs.get(a, {}).get(kind) or []  # noqa: E731
         r = {}
-        if plain and adaptive:
-            r["adaptive_vs_plain"] = adaptive / plain
-            r["adaptive_min_vs_plain"] = modes["adaptive"]["tok_s_min"] / plain
-        if plain and anchors.get("llama_server_plain", {}).get(kind):
-            r["plain_vs_llama_server_plain"] = plain / anchors["llama_server_plain"][kind]
-        if adaptive and anchors.get("llama_server_draft", {}).get(kind):
-            r["adaptive_vs_llama_server_draft"] = adaptive / anchors["llama_server_draft"][kind]
-        if adaptive and anchors.get("llama_server_lookup", {}).get(kind):
-            r["adaptive_vs_llama_server_lookup"] = adaptive / anchors["llama_server_lookup"][kind]
+        for key, a, b in (("adaptive_vs_plain", all_("adaptive"), all_("plain")),
+                          ("plain_vs_llama_server_plain", all_("plain"), anchor("llama_server_plain")),
+                          ("adaptive_vs_llama_server_draft", all_("adaptive"), anchor("llama_server_draft")),
+                          ("adaptive_vs_llama_server_lookup", all_("adaptive"), anchor("llama_server_lookup"))):
+            got = _paired(a, b)
+            if got:
+                r[key], r[key + "_min"], r[key + "_max"] = got
         out[kind] = r
     return out

@@ -205,9 +205,11 @@ def cmd_verify(args: argparse.Namespace) -> int:
 # -- bench -----------------------------------------------------------------------------------
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from .bench import find_llama_server, ratios, run_anchors, run_engine
+    import contextlib
+
+    from .bench import AnchorServers, find_llama_server, ratios, run_engine
     from .runtime import load
-    from .verify import load_prompts, prompt_tokens
+    from .verify import load_prompts
 
     catalog = _catalog(args)
     sel = _selection(args, catalog)
@@ -219,22 +221,23 @@ def cmd_bench(args: argparse.Namespace) -> int:
     plan = make_plan(target, draft, PlanRequest(ctx=args.ctx, ctx_is_user_choice=True, parallel=1, draft_max=16), hw, args.ctx)
     threads = args.threads or hw.cpu_count
     log = (lambda *a, **k: console.print(*a, **k)) if args.json else (lambda *a, **k: out.print(*a, **k))
-    loaded = load(plan, target, draft, threads)
-    try:
-        log(f"bench: {sel.name}, {threads} threads, {args.max_tokens} tokens per prompt, {args.repeats} repeats")
-        workloads, costs = run_engine(loaded, prompts, args.max_tokens, args.repeats, log=log)
-        ids = {item.get("kind", "custom"): prompt_tokens(loaded.tokenizer, item) for item in prompts}
-    finally:
-        loaded.close()
-    anchors: dict = {}
     server = None if args.no_anchors else find_llama_server()
     if server is not None:
-        log(f"anchors: {server}")
-        anchors = run_anchors(server, target.path, draft.path if draft else None, ids, args.max_tokens, threads,
-                              plan.ctx, args.repeats, log=log)
+        log(f"anchors: {server} (kept up, measured next to each prompt's runs)")
     elif not args.no_anchors:
         log("anchors: no llama-server found (scripts/build_llama_server.sh builds one)")
-    result = {"workloads": workloads, "anchors": anchors, "ratios": ratios(workloads, anchors), "costs": costs,
+    servers = (AnchorServers(server, target.path, draft.path if draft else None, threads, plan.ctx) if server
+               else contextlib.nullcontext(None))
+    with servers as up:
+        loaded = load(plan, target, draft, threads)
+        try:
+            log(f"bench: {sel.name}, {threads} threads, {args.max_tokens} tokens per prompt, {args.repeats} repeats")
+            workloads, costs, anchors = run_engine(loaded, prompts, args.max_tokens, args.repeats, log=log, anchors=up)
+        finally:
+            loaded.close()
+    anchor_runs = anchors.pop("runs", {})
+    result = {"workloads": workloads, "anchors": anchors, "anchor_runs": anchor_runs,
+              "ratios": ratios(workloads, anchor_runs), "costs": costs,
               "threads": threads, "max_tokens": args.max_tokens, "repeats": args.repeats}
     if args.json:
         out.print_json(json.dumps(result))
