@@ -92,6 +92,10 @@ class Context:
     def seq_rm(self, seq: int, p0: int, p1: int = -1) -> bool:
         return bool(llama_cpp.llama_memory_seq_rm(self.mem, seq, p0, p1))
 
+    def seq_cp(self, src: int, dst: int, p0: int, p1: int) -> None:
+        """Let `dst` share `src`'s cells for positions [p0, p1) (a unified cache copies nothing)."""
+        llama_cpp.llama_memory_seq_cp(self.mem, src, dst, p0, p1)
+
     def pos_max(self, seq: int) -> int:
         return int(llama_cpp.llama_memory_seq_pos_max(self.mem, seq))
 

@@ -292,3 +292,32 @@ def test_draft_pool_full_gives_a_shorter_draft_not_an_error(tiny):
     assert dc.pos_max(0) == len(d.cached[0]) - 1 and d.cached[0] == history[: len(d.cached[0])]
     assert d.propose(0, [1] + [300] * (n_ctx + 5), 4).tokens == []  # the history itself does not fit
     assert dc.pos_max(0) == len(d.cached[0]) - 1
+
+
+def test_a_busy_slots_prefix_is_shared_with_a_new_request(tiny):
+    """A second request resending the same long prompt while the first still generates reuses the
+    first slot's cells; both answers equal their solo runs, and the caches stay exact."""
+    r = rig(tiny.target, tiny.draft, n_ctx=1024)
+    eng = r.engine
+    prompt = [1] + [270 + (i * 7) % 40 for i in range(120)]
+    solo_a, _ = run(eng, Request(prompt=prompt, max_tokens=24, speculative=SpecParams(n_max=4)), slot=0)
+    solo_b, _ = run(eng, Request(prompt=prompt + [290, 291], max_tokens=24, speculative=SpecParams(n_max=4)), slot=0)
+    for s in eng.slots:
+        r.target.seq_rm(s.id, 0, -1)
+        eng.drafter.release(s.id)
+        s.cached = []
+    a, b = eng.slots
+    first = eng.start(a, Request(prompt=prompt, max_tokens=24, speculative=SpecParams(n_max=4)))
+    out_a = list(first.tokens) + [t for _ in range(3) for t in eng.step([a])[0].tokens]
+    first_b = eng.start(b, Request(prompt=prompt + [290, 291], max_tokens=24, speculative=SpecParams(n_max=4)))
+    assert b.record.reused_tokens == len(prompt)  # borrowed from the busy slot a
+    out_b = list(first_b.tokens)
+    while a.request is not None or b.request is not None:
+        live = [s for s in (a, b) if s.request is not None]
+        for rec in eng.step(live):
+            (out_a if rec.slot == 0 else out_b).extend(rec.tokens)
+            if rec.finish_reason:
+                eng.finish(eng.slots[rec.slot], rec.finish_reason)
+    assert out_a == solo_a and out_b == solo_b
+    for s in (a, b):
+        assert r.target.pos_max(s.id) == len(s.cached) - 1

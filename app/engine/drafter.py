@@ -119,6 +119,17 @@ class ModelDrafter:
             pos += 1
         return draft
 
+    def share_prefix(self, src: int, dst: int, prefix: Sequence[int]) -> None:
+        """`dst` starts from what `src`'s cache holds of `prefix` (shared cells, nothing copied)."""
+        if self.window > 0 or self.ctx.model.is_recurrent or not self.ctx.params.kv_unified:
+            return
+        n = kv.common_prefix(self.cached.get(src, []), prefix)
+        if n == 0:
+            return
+        self.ctx.seq_rm(dst, 0, -1)
+        self.ctx.seq_cp(src, dst, 0, n)
+        self.cached[dst] = list(prefix[:n])
+
     def _resync(self, seq: int, history: Sequence[int]) -> None:
         """After a refused decode: keep only what the cache surely holds."""
         n = kv.truncate(self.ctx, seq, min(self.ctx.pos_max(seq) + 1, len(history)), self.window)
@@ -256,6 +267,10 @@ class AdaptiveDrafter:
             self.controller.observe(f"lookup-{draft.match_len}", len(draft.tokens), n_accepted, seq)
         else:
             self.controller.observe(draft.source, len(draft.tokens), n_accepted)
+
+    def share_prefix(self, src: int, dst: int, prefix: Sequence[int]) -> None:
+        if self.model is not None:
+            self.model.share_prefix(src, dst, prefix)
 
     def release(self, seq: int) -> None:
         for d in (self.lookup, self.model):

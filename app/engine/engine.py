@@ -102,6 +102,7 @@ class Engine:
         if len(req.prompt) >= self.target.n_ctx:
             raise ContextOverflow(f"prompt of {len(req.prompt):,} tokens does not fit the context of {self.target.n_ctx:,}")
         t0 = time.perf_counter()
+        self._borrow_prefix(slot, req.prompt)
         self._make_room(slot, len(req.prompt))
         n = kv.sync(self.target, slot.id, slot.cached, req.prompt, self.window, need_logits=True)
         idx = kv.evaluate(self.target, slot.id, req.prompt, n, logits_last=True)
@@ -125,6 +126,30 @@ class Engine:
         elif req.max_tokens <= 1:
             rec.finish_reason = "length"
         return rec
+
+    BORROW_MIN = 32  # tokens: sharing a shorter prefix than this is not worth dropping the slot's own
+
+    def _borrow_prefix(self, slot: Slot, prompt: list[int]) -> None:
+        """Another slot, busy or idle, may hold a longer prefix of this prompt (a coding tool resends
+        the file while its last request still streams): this slot then shares those cells. In a
+        unified KV cache the cells are only tagged with both sequences, nothing is copied, and a
+        later rollback of either sequence leaves the other's tags alone."""
+        if self.window > 0 or self.target.model.is_recurrent or not self.target.params.kv_unified:
+            return  # sliding-window and recurrent state do not share cleanly
+        own = kv.common_prefix(slot.cached, prompt)
+        donor, n = max(((s, kv.common_prefix(s.cached, prompt)) for s in self.slots if s is not slot),
+                       key=lambda x: x[1], default=(None, 0))
+        n = min(n, len(prompt) - 1)
+        if donor is None or n < max(own + 1, self.BORROW_MIN):
+            return
+        self.target.seq_rm(slot.id, 0, -1)
+        self.target.seq_cp(donor.id, slot.id, 0, n)
+        slot.cached = list(prompt[:n])
+        if self.drafter is not None:
+            self.drafter.release(slot.id)
+            share = getattr(self.drafter, "share_prefix", None)
+            if share is not None:
+                share(donor.id, slot.id, prompt[:n])
 
     def _make_room(self, slot: Slot, need: int) -> None:
         """Room for `need` cells on `slot` (besides what the other slots hold), else PoolBusy."""
