@@ -192,3 +192,11 @@ def test_tool_call_parsing_and_hold():
     hold = ToolCallHold(True)
     assert hold.push("<tool_") == "" and hold.push("call>\n{") == "" and hold.held == "<tool_call>\n{"
     assert "root ::=" in tool_call_grammar([WEATHER["function"]])
+
+
+def test_ignore_eos_generates_past_the_end(qwen):
+    body = {"messages": [{"role": "user", "content": "Say hi, one word."}], "max_tokens": 24, "temperature": 0}
+    short = httpx.post(qwen.url + "/v1/chat/completions", json=body, timeout=120).json()
+    assert short["choices"][0]["finish_reason"] == "stop" and short["usage"]["completion_tokens"] < 24
+    full = httpx.post(qwen.url + "/v1/chat/completions", json={**body, "ignore_eos": True}, timeout=120).json()
+    assert full["choices"][0]["finish_reason"] == "length" and full["usage"]["completion_tokens"] == 24

@@ -318,7 +318,7 @@ def _engine_request(body: Sampling, ids: list[int], service: Service, settings: 
                                 seed=body.seed if body.seed is not None else int.from_bytes(os.urandom(4), "little"),
                                 grammar=grammar),
         speculative=SpecParams(enabled=enabled and n_max > 0, n_max=min(n_max, settings.draft_max)),
-        stop_tokens=service.tokenizer.stop_tokens,
+        stop_tokens=set() if body.ignore_eos else service.tokenizer.stop_tokens,
     )
 
 

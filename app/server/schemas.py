@@ -83,6 +83,7 @@ class Sampling(_Body):
     user: str | None = None
     response_format: ResponseFormat | None = None
     grammar: str | None = Field(None, description="GBNF the output must follow (llama.cpp's extension)")
+    ignore_eos: bool = Field(False, description="generate past end-of-generation tokens (llama.cpp's extension)")
 
     def stops(self) -> list[str]:
         if self.stop is None:
