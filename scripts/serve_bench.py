@@ -81,6 +81,8 @@ def main() -> int:
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=2, help="rounds of 1/2/4 streams per server, interleaved (median)")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 2)
+    ap.add_argument("--specdeck-arg", action="append", default=[], help="extra flag for specdeck serve (repeatable)")
+    ap.add_argument("--no-ttft", action="store_true", help="skip the long-prompt TTFT check")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     catalog = load_catalog()
@@ -89,7 +91,7 @@ def main() -> int:
     target = fetcher.existing(catalog.model(preset.target)).path
     long_prompt = ("# Review this module.\n" + CODE_EDIT_MODULE) * 8  # ~2.6K tokens
     commands = {"specdeck": lambda port: [sys.executable, "-m", "app.cli", "serve", args.preset, "--port", str(port),
-                                          "--parallel", "4", "--ctx", "16384", "--threads", str(args.threads)]}
+                                          "--parallel", "4", "--ctx", "16384", "--threads", str(args.threads)] + args.specdeck_arg}
     server = find_llama_server()
     if server:
         commands["llama_server_np4"] = lambda port: [str(server), "-m", str(target), "--port", str(port), "--host",
@@ -108,10 +110,11 @@ def main() -> int:
                     samples[name][n].append(aggregate(url, n, args.tokens))
         results = {}
         for name, (url, _proc) in running.items():
-            cold, cached = ttft(url, long_prompt)
             results[name] = {f"streams_{n}": statistics.median(v) for n, v in samples[name].items()}
             results[name].update({f"streams_{n}_all": v for n, v in samples[name].items()})
-            results[name].update({"ttft_cold_s": cold, "ttft_cached_s": cached, "ttft_cached_vs_cold": cached / cold})
+            if not args.no_ttft:
+                cold, cached = ttft(url, long_prompt)
+                results[name].update({"ttft_cold_s": cold, "ttft_cached_s": cached, "ttft_cached_vs_cold": cached / cold})
     finally:
         for _url, proc in running.values():
             proc.terminate()
