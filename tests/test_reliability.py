@@ -223,6 +223,37 @@ def test_disconnect_storm_leaves_other_slots_and_idle_answers_unchanged(server):
     assert run(LONG) == (solo_text, solo)
 
 
+@pytest.mark.parametrize("at", [0, 3], ids=["prompt", "generation"])
+def test_a_refused_decode_fails_its_requests_and_the_server_goes_on(server, at):
+    """Fault injection: llama.cpp refuses one target decode (as for out of memory), while the prompt
+    is evaluated or later while generating. The request gets a 503 in OpenAI's shape; the server
+    stays healthy and the next request is answered exactly as before."""
+    from app.llama_ctx import DecodeError
+
+    url = server.url + "/v1/completions"
+    body = {"prompt": "a b c", "max_tokens": 8, "temperature": 0, "speculative": {"enabled": False}}
+    before = httpx.post(url, json=body, timeout=60).json()["choices"][0]["text"]
+    target = server.loaded.target
+    real = target.decode
+    calls = []
+
+    def refuse_one(batch):
+        calls.append(len(batch))
+        if len(calls) == at + 1:
+            raise DecodeError("llama_decode failed (-2): out of memory or compute error")
+        return real(batch)
+
+    target.decode = refuse_one  # the instance attribute shadows the method: only this context
+    try:
+        r = httpx.post(url, json=body, timeout=60)
+    finally:
+        del target.decode
+    assert len(calls) == at + 1 and r.status_code == 503 and r.json()["error"]["type"] == "server_error"
+    assert "out of memory" in r.json()["error"]["message"]
+    assert httpx.get(server.url + "/health").status_code == 200
+    assert httpx.post(url, json=body, timeout=60).json()["choices"][0]["text"] == before
+
+
 def test_divergence_measures_find_the_parting_token(server):
     """The near-tie measures the storm and load checks rely on: equal answers give None; a changed
     token is found at its index, with the target's top-two gap there."""

@@ -20,7 +20,7 @@ import numpy as np
 from pydantic import BaseModel, Field
 
 from ..errors import SpecdeckError
-from ..llama_ctx import Context
+from ..llama_ctx import Context, DecodeError
 from . import kv
 from .accept import Accepted, accept_by_match, accept_by_rejection, accept_greedy, draw
 from .drafter import Draft, Drafter
@@ -105,7 +105,11 @@ class Engine:
         self._borrow_prefix(slot, req.prompt)
         self._make_room(slot, len(req.prompt))
         n = kv.sync(self.target, slot.id, slot.cached, req.prompt, self.window, need_logits=True)
-        idx = kv.evaluate(self.target, slot.id, req.prompt, n, logits_last=True)
+        try:
+            idx = kv.evaluate(self.target, slot.id, req.prompt, n, logits_last=True)
+        except DecodeError:  # keep the cache equal to slot.cached (chunks before the refusal are dropped)
+            slot.cached = req.prompt[: kv.truncate(self.target, slot.id, n, self.window)]
+            raise
         slot.cached = list(req.prompt)
         slot.request, slot.generated = req, 0
         slot.record = RequestRecord(prompt_tokens=len(req.prompt), reused_tokens=n)

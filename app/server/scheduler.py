@@ -132,6 +132,9 @@ class Scheduler:
             except PoolBusy as e:
                 job.send(Failed(f"the server is busy: {e.message}", 429))
                 continue
+            except DecodeError as e:  # llama.cpp refused the prompt (out of memory): not the client's fault
+                job.send(Failed(f"the prompt could not be evaluated: {e.message}; retry later", 503))
+                continue
             except SpecdeckError as e:
                 job.send(Failed(e.message, 400))
                 continue
