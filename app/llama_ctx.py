@@ -92,6 +92,12 @@ class Context:
     def seq_rm(self, seq: int, p0: int, p1: int = -1) -> bool:
         return bool(llama_cpp.llama_memory_seq_rm(self.mem, seq, p0, p1))
 
+    @property
+    def shares_cells(self) -> bool:
+        """Can sequences share cells (`seq_cp`)? Only in one unified pool without sliding-window or
+        recurrent state, whose per-sequence windows and states do not share cleanly."""
+        return self.params.kv_unified and self.model.swa_window <= 0 and not self.model.is_recurrent
+
     def seq_cp(self, src: int, dst: int, p0: int, p1: int) -> None:
         """Let `dst` share `src`'s cells for positions [p0, p1) (a unified cache copies nothing)."""
         llama_cpp.llama_memory_seq_cp(self.mem, src, dst, p0, p1)

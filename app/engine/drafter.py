@@ -121,7 +121,7 @@ class ModelDrafter:
 
     def share_prefix(self, src: int, dst: int, prefix: Sequence[int]) -> None:
         """`dst` starts from what `src`'s cache holds of `prefix` (shared cells, nothing copied)."""
-        if self.window > 0 or self.ctx.model.is_recurrent or not self.ctx.params.kv_unified:
+        if not self.ctx.shares_cells:
             return
         n = kv.common_prefix(self.cached.get(src, []), prefix)
         if n == 0:

@@ -138,8 +138,8 @@ class Engine:
         the file while its last request still streams): this slot then shares those cells. In a
         unified KV cache the cells are only tagged with both sequences, nothing is copied, and a
         later rollback of either sequence leaves the other's tags alone."""
-        if self.window > 0 or self.target.model.is_recurrent or not self.target.params.kv_unified:
-            return  # sliding-window and recurrent state do not share cleanly
+        if not self.target.shares_cells:
+            return
         own = kv.common_prefix(slot.cached, prompt)
         donor, n = max(((s, kv.common_prefix(s.cached, prompt)) for s in self.slots if s is not slot),
                        key=lambda x: x[1], default=(None, 0))
