@@ -55,6 +55,16 @@ def run(engine, req, slot=0):
 PROMPT = [1, 300, 301, 302, 303, 304]
 
 
+@pytest.mark.parametrize("n", [0, 1, kv.CHUNK - 1, kv.CHUNK, kv.CHUNK + 1, 3 * kv.CHUNK + 7])
+def test_common_prefix_finds_the_first_difference(n):
+    a = list(range(3 * kv.CHUNK + 20))
+    b = a[:n] + [-1] + a[n + 1:]
+    assert kv.common_prefix(a, b) == n
+    assert kv.common_prefix(tuple(a), b) == n  # a tuple against a list compares by value
+    assert kv.common_prefix(a[:n], a) == n  # one is a prefix of the other
+    assert kv.common_prefix(a, a[:n]) == n
+
+
 def test_greedy_invariant_and_plain_equivalence(tiny):
     r = rig(tiny.target, tiny.target)  # the target as its own draft: nearly everything is accepted
     plain, _ = run(r.engine, Request(prompt=PROMPT, max_tokens=60, speculative=SpecParams(enabled=False), trace=True))

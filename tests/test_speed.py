@@ -21,6 +21,16 @@ def test_lookup_proposes_what_followed_the_longest_match():
     assert d.propose(0, h, 0).tokens == []
 
 
+def test_lookup_notices_a_rewritten_history_of_the_same_length():
+    d = LookupDrafter(ngram_max=4, ngram_min=2)
+    h = [1, 2, 3, 4, 1, 2, 3]
+    assert d.propose(0, h, 2).tokens == [4, 1]
+    d.restarted.clear()
+    other = [7, 2, 3, 4, 1, 2, 3]  # a new request that differs only at its first token
+    assert d.propose(0, other, 2).tokens == [4, 1] and 0 in d.restarted
+    assert d.propose(0, [5, 6, 5, 6], 2).tokens == [5, 6]  # shorter than before: rebuilt
+
+
 def test_expected_tokens_formula():
     assert expected_tokens(0, 0.9) == 1.0
     assert expected_tokens(3, 1.0) == 4.0

@@ -90,7 +90,7 @@ class ModelDrafter:
         except DecodeError:  # the draft's pool is full: no draft this step (the target goes on alone)
             self._resync(seq, history)
             return draft
-        cached[:] = list(history)
+        cached.extend(history[len(cached):])  # sync left cached == history[:n]; the rest is now evaluated
         sampler = self._sampler(seq, sampling) if sampling is not None else None
         pos = len(history)
         for j in range(k):
@@ -185,10 +185,10 @@ class LookupDrafter:
         """n-gram -> the position right after its latest occurrence (excluding the history's end)."""
         tokens, index = self._index.get(seq, ([], {}))
         n_old = len(tokens)
-        if n_old > len(history) or list(history[: n_old]) != tokens:  # a new or rewound history
+        if n_old > len(history) or kv.common_prefix(tokens, history) < n_old:  # a new or rewound history
             tokens, index, n_old = [], {}, 0
             self.restarted.add(seq)
-        tokens = list(history)
+        tokens.extend(history[n_old:])  # in place: the history only grew
         for end in range(max(n_old, 1), len(tokens)):  # an n-gram ending at `end` is followed by tokens[end]
             for n in range(self.ngram_min, self.ngram_max + 1):
                 if end - n >= 0:

@@ -265,7 +265,14 @@ class Engine:
             keep = base + 1 + acc.n_accepted  # positions [0, keep) stay in the cache
             if not self.target.seq_rm(s.id, keep, -1):
                 raise SpecdeckError(f"llama.cpp could not roll slot {s.id} back to {keep}")
-            s.cached = s.tokens[:base] + [s.tokens[-1]] + d.tokens[: acc.n_accepted]
+            # the cache now holds tokens[:base], the last token and the kept drafts (kept up to date
+            # in place: a copy of the whole context on every step is milliseconds at 110K tokens)
+            if len(s.cached) >= base:
+                del s.cached[base:]
+            else:
+                s.cached = s.tokens[:base]
+            s.cached.append(s.tokens[-1])
+            s.cached.extend(d.tokens[: acc.n_accepted])
             if self.drafter is not None and d.tokens:
                 self.drafter.accepted(s.id, d, acc.n_accepted)
             rec = StepRecord(s.id, acc.tokens, len(d.tokens), acc.n_accepted, ks[s.id],
