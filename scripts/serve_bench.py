@@ -4,10 +4,11 @@
     python scripts/serve_bench.py [--preset coder-1.5b] [--tokens 128] [--rounds 2] [--json]
 
 Both servers (`specdeck serve --parallel 4`, `llama-server -np 4`, same models, context and
-threads) run at once; measurements alternate between them: aggregate generated tokens/s with 1, 2
-and 4 concurrent clients (greedy, --tokens each, distinct prompts; median of the rounds), then time
-to first token for a ~2.6K-token prompt sent cold and then again (the prompt cache). Loopback
-only; bounded counts; stops by itself.
+threads) run at once, and measurements alternate between them: aggregate generated tokens/s with
+1, 2 and 4 concurrent clients (greedy, --tokens each, distinct prompts). Each ratio is taken per
+round (the two servers measured back to back, who goes first alternating), then the median of the
+rounds with its min and max. Then time to first token for a ~2.6K-token prompt sent cold and then
+again (the prompt cache). Loopback only; bounded counts; stops by itself.
 """
 
 from __future__ import annotations
@@ -62,6 +63,17 @@ def ttft(url: str, prompt: str) -> tuple[float, float]:
     return once(), once()
 
 
+def paired_ratios(ours: dict, theirs: dict) -> dict:
+    """specdeck / llama-server per round (the two measured back to back), then the median of the
+    rounds with its min and max."""
+    out = {}
+    for n in ours:
+        per_round = [a / b for a, b in zip(ours[n], theirs[n], strict=True)]
+        out[f"streams_{n}"] = statistics.median(per_round)
+        out[f"streams_{n}_min_max"] = [min(per_round), max(per_round)]
+    return out
+
+
 def start(command) -> tuple[str, subprocess.Popen]:
     """A server on a free loopback port, ready."""
     port = free_port()
@@ -104,10 +116,14 @@ def main() -> int:
         for name, command in commands.items():
             running[name] = start(command)
         samples: dict = {name: {n: [] for n in (1, 2, 4)} for name in running}
+        for url, _proc in running.values():  # both evaluate the bench prompts once (their prompt caches)
+            aggregate(url, 4, 1)
+        order = list(running)
         for _ in range(args.rounds):
             for n in (1, 2, 4):
-                for name, (url, _proc) in running.items():
-                    samples[name][n].append(aggregate(url, n, args.tokens))
+                for name in order:
+                    samples[name][n].append(aggregate(running[name][0], n, args.tokens))
+            order.reverse()  # ABBA: who goes first alternates, so a drift falls on both sides
         results = {}
         for name, (url, _proc) in running.items():
             results[name] = {f"streams_{n}": statistics.median(v) for n, v in samples[name].items()}
@@ -120,13 +136,12 @@ def main() -> int:
             proc.terminate()
             proc.wait(30)
     if "llama_server_np4" in results:
-        s, l = results["specdeck"], results["llama_server_np4"]
-        results["ratios"] = {f"streams_{n}": s[f"streams_{n}"] / l[f"streams_{n}"] for n in (1, 2, 4)}
+        results["ratios"] = paired_ratios(samples["specdeck"], samples["llama_server_np4"])
     if args.json:
         print(json.dumps(results, indent=1))
     else:
         for name, r in results.items():
-            print(name, {k: (round(v, 3) if isinstance(v, float) else [round(x, 1) for x in v]) for k, v in r.items()})
+            print(name, {k: (round(v, 3) if isinstance(v, float) else [round(x, 3) for x in v]) for k, v in r.items()})
     return 0
 
 

@@ -152,3 +152,16 @@ def test_controller_weighs_a_draft_by_what_it_adds_to_a_shared_batch():
     assert c.choose("lookup-3", 1, 2e-5).k == 0
     in_batch = c.choose("lookup-3", 1, 2e-5, batch=4)
     assert in_batch.k == 1 and in_batch.gain > 1.05 and "batch of 4" in in_batch.reason
+
+
+def test_step_overhead_script_measures_both_drafters():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    r = subprocess.run([sys.executable, str(root / "scripts" / "step_overhead.py"), "--context", "512", "--steps", "8"],
+                       capture_output=True, text=True, timeout=300, cwd=root)
+    assert r.returncode == 0, r.stderr[-2000:]
+    rows = [line.split() for line in r.stdout.splitlines() if line.startswith(("draft model", "adaptive"))]
+    assert len(rows) == 4 and all(float(row[-1]) > 0 for row in rows)

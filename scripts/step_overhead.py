@@ -1,0 +1,75 @@
+#!/usr/bin/env python3
+"""Python time per engine step (wall time minus time inside llama_decode), at a short and a long
+context, on the tiny test models, so that per-step work that grows with the context shows.
+
+    python scripts/step_overhead.py [--context 32768] [--steps 200]
+
+The tiny models decode fast, so what is left is the engine's own bookkeeping. On a 24 GB card a 27B
+step takes tens of milliseconds, and anything here that grows with 110K tokens competes with it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
+
+from tinymodels import write_tiny_model  # noqa: E402
+
+from app.engine.controller import Controller, CostModel  # noqa: E402
+from app.engine.drafter import AdaptiveDrafter, LookupDrafter, ModelDrafter  # noqa: E402
+from app.engine.engine import Engine, Request, SpecParams  # noqa: E402
+from app.llama_ctx import Context, Model  # noqa: E402
+from app.planner import ModelParams  # noqa: E402
+
+
+def python_ms_per_step(engine: Engine, contexts: list[Context], prompt: list[int], steps: int) -> float:
+    slot = engine.slots[0]
+    rec = engine.start(slot, Request(prompt=prompt, max_tokens=steps + 2, speculative=SpecParams(n_max=4)))
+    rec = engine.step([slot])[0]  # the first step indexes the prompt for lookup (once per request)
+    d0, t, n = sum(c.decode_seconds for c in contexts), time.perf_counter(), 0
+    while rec.finish_reason is None:
+        rec = engine.step([slot])[0]
+        n += 1
+    wall, decode = time.perf_counter() - t, sum(c.decode_seconds for c in contexts) - d0
+    engine.finish(slot, "done")
+    engine.drafter.release(slot.id)
+    contexts[0].seq_rm(slot.id, 0, -1)
+    slot.cached = []
+    return (wall - decode) / max(1, n) * 1e3
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--context", type=int, default=32768)
+    ap.add_argument("--steps", type=int, default=200)
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as d:
+        target = write_tiny_model(Path(d) / "target.gguf", seed=0)
+        draft = write_tiny_model(Path(d) / "draft.gguf", seed=1, n_layers=1)
+        params = ModelParams(args.context + 1024, 2048, 512, 2, True, "f16", "f16", True, False, 0, 0)
+        tc, dc = Context(Model(target), params, 2), Context(Model(draft), params, 2)
+        costs = CostModel({1: 0.010, 2: 0.011, 3: 0.012, 4: 0.013, 5: 0.014}, 0.001)  # drafting pays
+        drafters = {"draft model": ModelDrafter(dc),
+                    "adaptive": AdaptiveDrafter(Controller(costs, learn_costs=False), LookupDrafter(), ModelDrafter(dc))}
+        rng = np.random.default_rng(0)
+        print(f"{'drafter':<12} {'context':>8} {'Python ms/step':>15}")
+        for name, drafter in drafters.items():
+            engine = Engine(tc, drafter, 2, draft_limit=4)
+            for n in (100, args.context):
+                prompt = [int(x) for x in rng.integers(5, 200, n)]
+                ms = python_ms_per_step(engine, [tc, dc], prompt, args.steps)
+                print(f"{name:<12} {n:>8,} {ms:>15.3f}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
