@@ -31,16 +31,6 @@ def test_lookup_notices_a_rewritten_history_of_the_same_length():
     assert d.propose(0, [5, 6, 5, 6], 2).tokens == [5, 6]  # shorter than before: rebuilt
 
 
-def test_lookup_keeps_the_index_of_a_shared_prefix_and_never_proposes_a_stale_match():
-    d = LookupDrafter(ngram_max=2, ngram_min=2)
-    assert d.propose(0, [5, 5, 1, 2, 9, 1, 2], 2).tokens == [9, 1]
-    d.restarted.clear()
-    resent = [5, 5, 3, 3, 9, 1, 2]  # same first two tokens; (1, 2) no longer occurs before the end
-    assert d.propose(0, resent, 2).tokens == [] and 0 in d.restarted
-    assert d._index[0][0] == resent  # the index follows the new history
-    assert d.propose(0, resent + [5, 5], 2).tokens == [3, 3]  # indexed again past the shared prefix
-
-
 def test_expected_tokens_formula():
     assert expected_tokens(0, 0.9) == 1.0
     assert expected_tokens(3, 1.0) == 4.0

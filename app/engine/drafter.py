@@ -182,18 +182,12 @@ class LookupDrafter:
         self._index: dict[int, tuple[list[int], dict[tuple[int, ...], int]]] = {}
 
     def _indexed(self, seq: int, history: Sequence[int]) -> dict[tuple[int, ...], int]:
-        """n-gram -> the position right after its latest occurrence (excluding the history's end).
-
-        A new request that shares a prefix with the last one (a coding tool resending the same file)
-        keeps the index: only n-grams ending past the shared prefix are indexed again (a 100K-token
-        prompt takes ~0.3 s to index). Entries left from the old tail may point at what is no longer
-        there; `lookup` checks each hit against the history."""
+        """n-gram -> the position right after its latest occurrence (excluding the history's end)."""
         tokens, index = self._index.get(seq, ([], {}))
-        same = kv.common_prefix(tokens, history)
-        if same < len(tokens):  # a new request, or a rewound history
-            self.restarted.add(seq)
-            del tokens[same:]
         n_old = len(tokens)
+        if n_old > len(history) or kv.common_prefix(tokens, history) < n_old:  # a new or rewound history
+            tokens, index, n_old = [], {}, 0
+            self.restarted.add(seq)
         tokens.extend(history[n_old:])  # in place: the history only grew
         for end in range(max(n_old, 1), len(tokens)):  # an n-gram ending at `end` is followed by tokens[end]
             for n in range(self.ngram_min, self.ngram_max + 1):
@@ -208,9 +202,8 @@ class LookupDrafter:
             return [], 0
         index = self._indexed(seq, history)
         for n in range(min(self.ngram_max, len(history) - 1), self.ngram_min - 1, -1):
-            gram = tuple(history[-n:])
-            at = index.get(gram)
-            if at is not None and at < len(history) and tuple(history[at - n : at]) == gram:
+            at = index.get(tuple(history[-n:]))
+            if at is not None and at < len(history):
                 return list(history[at : at + k]), n
         return [], 0
 
