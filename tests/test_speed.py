@@ -141,27 +141,6 @@ def test_per_request_estimates_drop_a_drafter_after_misses():
     assert c.choose("lookup-4", 8, 2e-5, seq=1).k >= 2  # other slots keep the global estimate
 
 
-def test_a_new_request_starts_no_surer_than_the_seed_cap():
-    """A drafter that was never wrong elsewhere still opens a new request with a short draft; this
-    request's own kept drafts then lengthen them."""
-    c = Controller(gpu_like_costs())
-    for _ in range(40):
-        c.observe("lookup-6", 16, 16, seq=0)
-    assert c.alpha("lookup-6") > 0.99 and c.alpha("lookup-6", seq=1) == pytest.approx(0.9)
-    first = c.choose("lookup-6", 16, 2e-5, seq=1)
-    c.observe("lookup-6", first.k, first.k, seq=1)
-    assert c.alpha("lookup-6", seq=1) > 0.9 and c.choose("lookup-6", 16, 2e-5, seq=1).k >= first.k
-
-
-def test_a_released_sequence_forgets_its_request_estimates():
-    c = Controller(cpu_costs())
-    d = AdaptiveDrafter(c, LookupDrafter(), None)
-    c.observe("lookup-4", 8, 0, seq=0)  # this request's text defeated lookup
-    assert c.alpha("lookup-4", seq=0) < 0.5
-    d.release(0)  # the request ended (its lookup index dropped): the next one starts afresh
-    assert c.alpha("lookup-4", seq=0) == c._seed("lookup-4")
-
-
 def test_controller_weighs_a_draft_by_what_it_adds_to_a_shared_batch():
     """Costs where a decode of 5 tokens costs about what one of 4 does. Alone, a draft at a = 0.67 does not
     pay (two tokens cost twice one); in a step that already verifies 4 sequences, one more token is nearly free."""

@@ -19,10 +19,6 @@ from ..llama_ctx import Context
 EMA = 0.9  # weight of the past in running estimates
 TRIAL_DECAY = 0.85  # weight of an acceptance observation after one more trial
 OPTIMISTIC_ALPHA = 0.95  # probing a drafter only makes sense if it would pay at this acceptance
-# A request starts no surer of a drafter than this, whatever other requests saw: a 6-gram that
-# other text copied verbatim (a = 1.0 there) would otherwise open a poem with a 16-token draft that
-# costs ~8 decodes when it misses. The request's own kept drafts raise its estimate within a step.
-SEED_ALPHA_MAX = 0.9
 
 
 @dataclass
@@ -106,13 +102,9 @@ class Controller:
         self._idle: dict[str, int] = {}
 
     def alpha(self, key: str, seq: int | None = None) -> float:
-        if seq is None:
-            return self.acceptance.setdefault(key, Acceptance()).alpha
-        local = self.local.get((seq, key))
-        return local.alpha if local is not None else self._seed(key)
-
-    def _seed(self, key: str) -> float:
-        return min(self.acceptance.setdefault(key, Acceptance()).alpha, SEED_ALPHA_MAX)
+        if seq is not None and (seq, key) in self.local:
+            return self.local[(seq, key)].alpha
+        return self.acceptance.setdefault(key, Acceptance()).alpha
 
     def new_request(self, seq: int) -> None:
         """A new request on this slot: its own estimates start again from the global ones, weakly,
@@ -158,9 +150,8 @@ class Controller:
         glob = self.acceptance.setdefault(key, Acceptance())
         if seq is not None:
             local = self.local.get((seq, key))
-            if local is None:  # seeded from the global estimate (capped) with the weight of two trials
-                seed = self._seed(key)
-                local = self.local[(seq, key)] = Acceptance(2 * seed, 2 * (1 - seed))
+            if local is None:  # seeded from the global estimate with the weight of two trials
+                local = self.local[(seq, key)] = Acceptance(2 * glob.alpha, 2 * (1 - glob.alpha))
             local.observe(drafted, accepted)
         glob.observe(drafted, accepted)
 

@@ -273,9 +273,6 @@ class AdaptiveDrafter:
             self.model.share_prefix(src, dst, prefix)
 
     def release(self, seq: int) -> None:
-        """The sequence is done: its next request starts from the global estimates (lookup alone
-        cannot tell, once its index is dropped, that the next history is a new one)."""
-        self.controller.new_request(seq)
         for d in (self.lookup, self.model):
             if d is not None:
                 d.release(seq)
