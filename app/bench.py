@@ -206,7 +206,7 @@ class AnchorServers:
         self.procs = []
 
 
-def _paired(a: list[float], b: list[float]) -> tuple[float, float, float] | None:
+def paired(a: list[float], b: list[float]) -> tuple[float, float, float] | None:
     """Median, min and max of a[i] / b[i]: runs of the same repeat, minutes apart at most."""
     pairs = [x / y for x, y in zip(a, b) if y]
     return (statistics.median(pairs), min(pairs), max(pairs)) if pairs else None
@@ -225,7 +225,7 @@ def ratios(workloads: dict, anchor_runs: dict) -> dict:
                           ("plain_vs_llama_server_plain", all_("plain"), anchor("llama_server_plain")),
                           ("adaptive_vs_llama_server_draft", all_("adaptive"), anchor("llama_server_draft")),
                           ("adaptive_vs_llama_server_lookup", all_("adaptive"), anchor("llama_server_lookup"))):
-            got = _paired(a, b)
+            got = paired(a, b)
             if got:
                 r[key], r[key + "_min"], r[key + "_max"] = got
         out[kind] = r

@@ -29,6 +29,7 @@ from serve_bench import start  # noqa: E402
 
 from app.bench import find_llama_server  # noqa: E402
 from app.catalog import load_catalog  # noqa: E402
+from app.engine import kv  # noqa: E402
 from app.fetch import Fetcher  # noqa: E402
 from app.llama_ctx import Context, Model  # noqa: E402
 from app.planner import ModelParams  # noqa: E402
@@ -40,12 +41,9 @@ PROMPT = "# file 0\n# a small utility, number 0\ndef helper_0(values):\n"
 def loop_ms_per_token(ctx: Context, prompt: list[int], n: int) -> float:
     """Greedy, one token per llama_decode, as the engine's plain step does."""
     ctx.clear()
+    last = kv.evaluate(ctx, 0, prompt, 0, logits_last=True)
+    tok, pos = int(ctx.logits(last).argmax()), len(prompt)
     b = ctx.batch
-    b.clear()
-    for i, tok in enumerate(prompt):
-        b.add(tok, i, 0, i == len(prompt) - 1)
-    ctx.decode(b)
-    tok, pos = int(ctx.logits(len(prompt) - 1).argmax()), len(prompt)
     t = time.perf_counter()
     for _ in range(n):
         b.clear()

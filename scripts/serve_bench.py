@@ -28,7 +28,7 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from app.bench import find_llama_server, free_port, wait_ready  # noqa: E402
+from app.bench import find_llama_server, free_port, paired, wait_ready  # noqa: E402
 from app.catalog import load_catalog  # noqa: E402
 from app.fetch import Fetcher  # noqa: E402
 from app.settings import hub_settings, paths  # noqa: E402
@@ -61,17 +61,6 @@ def ttft(url: str, prompt: str) -> tuple[float, float]:
         return time.perf_counter() - t
 
     return once(), once()
-
-
-def paired_ratios(ours: dict, theirs: dict) -> dict:
-    """specdeck / llama-server per round (the two measured back to back), then the median of the
-    rounds with its min and max."""
-    out = {}
-    for n in ours:
-        per_round = [a / b for a, b in zip(ours[n], theirs[n], strict=True)]
-        out[f"streams_{n}"] = statistics.median(per_round)
-        out[f"streams_{n}_min_max"] = [min(per_round), max(per_round)]
-    return out
 
 
 def start(command) -> tuple[str, subprocess.Popen]:
@@ -136,7 +125,11 @@ def main() -> int:
             proc.terminate()
             proc.wait(30)
     if "llama_server_np4" in results:
-        results["ratios"] = paired_ratios(samples["specdeck"], samples["llama_server_np4"])
+        # each round's two servers were measured back to back: ratio per round, then median, min, max
+        results["ratios"] = {}
+        for n in (1, 2, 4):
+            median, lo, hi = paired(samples["specdeck"][n], samples["llama_server_np4"][n])
+            results["ratios"].update({f"streams_{n}": median, f"streams_{n}_min_max": [lo, hi]})
     if args.json:
         print(json.dumps(results, indent=1))
     else:

@@ -265,12 +265,9 @@ class Engine:
             keep = base + 1 + acc.n_accepted  # positions [0, keep) stay in the cache
             if not self.target.seq_rm(s.id, keep, -1):
                 raise SpecdeckError(f"llama.cpp could not roll slot {s.id} back to {keep}")
-            # the cache now holds tokens[:base], the last token and the kept drafts (kept up to date
-            # in place: a copy of the whole context on every step is milliseconds at 110K tokens)
-            if len(s.cached) >= base:
-                del s.cached[base:]
-            else:
-                s.cached = s.tokens[:base]
+            # the cache now holds tokens[:base] (as before the step), the last token and the kept
+            # drafts; updated in place: a copy of the whole context each step is milliseconds at 110K
+            del s.cached[base:]
             s.cached.append(s.tokens[-1])
             s.cached.extend(d.tokens[: acc.n_accepted])
             if self.drafter is not None and d.tokens:
