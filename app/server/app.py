@@ -363,7 +363,8 @@ async def _events(request: Request, job: Job) -> AsyncIterator:
 def _submit(service: Service, settings: ServeSettings, metrics: Metrics, body: Sampling, ids: list[int],
             grammar: str | None) -> Job:
     req = _engine_request(body, ids, service, settings, grammar)
-    job = Job(req, asyncio.get_running_loop(), time.monotonic() + settings.request_timeout)
+    quiet = not body.stream and not body.stops()  # a whole answer with no stop string to watch: no per-step events
+    job = Job(req, asyncio.get_running_loop(), time.monotonic() + settings.request_timeout, quiet=quiet)
     try:
         service.scheduler.submit(job)
     except QueueFull:
@@ -383,6 +384,8 @@ async def _collect(request: Request, job: Job, text: TextStream) -> tuple[str, R
                 job.cancel()
         elif isinstance(event, Done):
             record = event.record
+            if job.quiet:  # no steps were sent: the whole answer at once
+                parts.append(text.push(record.completion))
         elif isinstance(event, Failed):
             failed = event
     if failed is not None:

@@ -48,6 +48,9 @@ class Job:
     slot: Slot | None = None
     enqueued: float = field(default_factory=time.monotonic)
     t_first: float = 0.0  # when the first token was ready
+    # only the end matters (a whole answer, no stop strings to watch): no event per step, so the
+    # event loop sleeps while the engine works (on a small CPU it shares cores with llama.cpp)
+    quiet: bool = False
 
     def send(self, event) -> None:
         self.loop.call_soon_threadsafe(self.events.put_nowait, event)
@@ -149,7 +152,8 @@ class Scheduler:
     def _deliver(self, job: Job, rec: StepRecord) -> None:
         self.recent.append((time.monotonic(), len(rec.tokens)))
         self.on_step(rec)
-        job.send(rec)
+        if not job.quiet:
+            job.send(rec)
         if rec.finish_reason is not None:
             self._close(job, rec.finish_reason)
 
