@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from app.engine.controller import Acceptance, Controller, CostModel, calibrate, expected_tokens
-from app.engine.drafter import AdaptiveDrafter, LookupDrafter
+from app.engine.controller import UNPROVEN_K_MAX, Acceptance, Controller, CostModel, calibrate, expected_tokens
+from app.engine.drafter import AdaptiveDrafter, LookupDrafter, lookup_key
 from app.engine.engine import Engine, Request, SpecParams
 from app.llama_ctx import Context, Model
 from app.planner import ModelParams
@@ -25,10 +25,38 @@ def test_lookup_notices_a_rewritten_history_of_the_same_length():
     d = LookupDrafter(ngram_max=4, ngram_min=2)
     h = [1, 2, 3, 4, 1, 2, 3]
     assert d.propose(0, h, 2).tokens == [4, 1]
-    d.restarted.clear()
     other = [7, 2, 3, 4, 1, 2, 3]  # a new request that differs only at its first token
-    assert d.propose(0, other, 2).tokens == [4, 1] and 0 in d.restarted
+    assert d.propose(0, other, 2).tokens == [4, 1] and d._index[0][0] == other
     assert d.propose(0, [5, 6, 5, 6], 2).tokens == [5, 6]  # shorter than before: rebuilt
+
+
+def test_lookup_measures_how_far_a_long_match_goes():
+    """A verbatim copy in progress is told from a chance n-gram by how far the match goes back."""
+    d = LookupDrafter(ngram_max=4, ngram_min=2, match_max=32)
+    seg = list(range(100, 120))
+    d_long = d.propose(0, seg + [7, 8] + seg[:18], 3)
+    assert d_long.tokens == [118, 119, 7] and d_long.match_len == 18
+    short = d.propose(1, [1, 2, 3, 4, 5, 9, 9, 2, 3, 4, 5], 2)
+    assert short.tokens == [9, 9] and short.match_len == 4  # the token before the match differs
+    assert LookupDrafter(ngram_max=4, match_max=8).propose(0, seg + seg[:18], 2).match_len == 8  # capped
+    assert [lookup_key(n) for n in (2, 5, 7, 8, 15, 16, 31, 32, 200)] == [
+        "lookup-2", "lookup-5", "lookup-7", "lookup-8", "lookup-8", "lookup-16", "lookup-16", "lookup-32", "lookup-32"]
+
+
+def test_a_new_request_drafts_short_until_one_draft_is_kept_whole():
+    """Estimates from other requests are a guess: a long draft that misses costs several plain steps."""
+    c = Controller(gpu_like_costs())
+    for _ in range(30):
+        c.observe("lookup-32", 16, 16, seq=1)
+    c.new_request(0)
+    assert c.choose("lookup-32", 16, 2e-5, seq=0).k == UNPROVEN_K_MAX
+    assert c.choose("lookup-32", 16, 2e-5, seq=1).k == 16  # the slot whose request is copying
+    c.observe("lookup-32", 4, 3, seq=0)
+    assert c.choose("lookup-32", 16, 2e-5, seq=0).k <= UNPROVEN_K_MAX  # a partial draft proves nothing
+    c.observe("lookup-32", 4, 4, seq=0)
+    assert c.choose("lookup-32", 16, 2e-5, seq=0).k > UNPROVEN_K_MAX
+    c.new_request(0)
+    assert c.choose("lookup-32", 16, 2e-5, seq=0).k == UNPROVEN_K_MAX
 
 
 def test_expected_tokens_formula():
@@ -110,6 +138,22 @@ def test_adaptive_drafter_on_a_repeating_text(tiny):
     assert "lookup" in used and len(plain) == 150
     assert all(s.reason and s.alpha_est is not None for s in steps if s.drafter == "lookup")
     assert eng.slots[0].record.tokens_per_decode > 1.5 and max(s.drafted for s in steps) >= 4  # longer as a rises
+
+
+def test_each_request_starts_with_its_own_estimates_even_after_a_release(tiny):
+    """The engine says when a request starts: a drafter that dropped the slot's lookup index (bench
+    releases it after each run) must not carry the last request's acceptance into the next."""
+    m = Model(tiny.target)
+    tc = Context(m, ModelParams(1024, 512, 512, 1, True, "f16", "f16", True, False, 0, 0), 1)
+    controller = Controller(gpu_like_costs(), learn_costs=False)
+    drafter = AdaptiveDrafter(controller, LookupDrafter(), None)
+    eng = Engine(tc, drafter, 1)
+    prompt = [1] + list(range(300, 316))
+    steps = list(eng.generate(Request(prompt=prompt, max_tokens=120)))
+    assert any(s.drafted for s in steps) and any(seq == 0 for seq, _ in controller.local) and 0 in controller.proven
+    drafter.release(0)
+    eng.start(eng.slots[0], Request(prompt=prompt[:5], max_tokens=4))
+    assert not any(seq == 0 for seq, _ in controller.local) and 0 not in controller.proven
 
 
 def test_bench_json_shape_on_tiny_models(tiny, tmp_path):

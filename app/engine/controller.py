@@ -19,6 +19,10 @@ from ..llama_ctx import Context
 EMA = 0.9  # weight of the past in running estimates
 TRIAL_DECAY = 0.85  # weight of an acceptance observation after one more trial
 OPTIMISTIC_ALPHA = 0.95  # probing a drafter only makes sense if it would pay at this acceptance
+# a request's drafts stay this short until one of them is kept whole: estimates carried over from
+# other requests are a guess (a code edit's copy is not this text's), and a long draft that misses
+# costs several plain steps on a CPU, where verifying k tokens costs nearly k times one
+UNPROVEN_K_MAX = 4
 
 
 @dataclass
@@ -96,6 +100,7 @@ class Controller:
     def __init__(self, costs: CostModel, probe_every: int = 32, learn_costs: bool = True) -> None:
         self.costs = costs
         self.local: dict[tuple[int, str], Acceptance] = {}  # per slot, for the request it serves
+        self.proven: set[int] = set()  # slots whose request has had a draft kept whole
         self.learn_costs = learn_costs  # refresh costs from real steps (off: fixed costs, for tests)
         self.acceptance: dict[str, Acceptance] = {}
         self.probe_every = probe_every
@@ -111,12 +116,15 @@ class Controller:
         so a drafter that was good for the last text is tried but dropped after one miss."""
         for k in [k for k in self.local if k[0] == seq]:
             del self.local[k]
+        self.proven.discard(seq)
 
     def choose(self, key: str, k_max: int, draft_cost: float, seq: int | None = None, batch: int = 1) -> Choice:
         """The best k in 0..k_max for a drafter whose tokens cost `draft_cost` seconds each, when this
         sequence shares its verify decode with `batch - 1` others (one token each): k drafts then
         cost c_verify(batch + k) for batch - 1 + E[tokens] tokens, against batch / c_verify(batch)."""
         a = self.alpha(key, seq)
+        if seq is not None and seq not in self.proven:
+            k_max = min(k_max, UNPROVEN_K_MAX)
         c = self.costs.c_verify
         plain = batch / c(batch)
         best = Choice(0, a, 1.0, c(batch), 1.0, "plain decoding is fastest")
@@ -153,6 +161,8 @@ class Controller:
             if local is None:  # seeded from the global estimate with the weight of two trials
                 local = self.local[(seq, key)] = Acceptance(2 * glob.alpha, 2 * (1 - glob.alpha))
             local.observe(drafted, accepted)
+            if accepted == drafted:
+                self.proven.add(seq)
         glob.observe(drafted, accepted)
 
 

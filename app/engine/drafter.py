@@ -175,10 +175,10 @@ class LookupDrafter:
 
     name = "lookup"
 
-    def __init__(self, ngram_max: int = 6, ngram_min: int = 2) -> None:
+    def __init__(self, ngram_max: int = 6, ngram_min: int = 2, match_max: int = 32) -> None:
         self.ngram_max = ngram_max
         self.ngram_min = ngram_min
-        self.restarted: set[int] = set()  # sequences whose history started anew (a new request)
+        self.match_max = max(match_max, ngram_max)
         self._index: dict[int, tuple[list[int], dict[tuple[int, ...], int]]] = {}
 
     def _indexed(self, seq: int, history: Sequence[int]) -> dict[tuple[int, ...], int]:
@@ -187,7 +187,6 @@ class LookupDrafter:
         n_old = len(tokens)
         if n_old > len(history) or kv.common_prefix(tokens, history) < n_old:  # a new or rewound history
             tokens, index, n_old = [], {}, 0
-            self.restarted.add(seq)
         tokens.extend(history[n_old:])  # in place: the history only grew
         for end in range(max(n_old, 1), len(tokens)):  # an n-gram ending at `end` is followed by tokens[end]
             for n in range(self.ngram_min, self.ngram_max + 1):
@@ -197,15 +196,26 @@ class LookupDrafter:
         return index
 
     def lookup(self, seq: int, history: Sequence[int], k: int) -> tuple[list[int], int]:
-        """(proposed tokens, length of the n-gram that matched)."""
+        """(proposed tokens, length of the match): the longest indexed n-gram, and where that is the
+        longest indexed length, how far the match really goes back (up to `match_max`): a verbatim
+        copy of 40 tokens says more about the next ones than six common words do."""
         if k <= 0 or len(history) < self.ngram_min + 1:
             return [], 0
         index = self._indexed(seq, history)
         for n in range(min(self.ngram_max, len(history) - 1), self.ngram_min - 1, -1):
             at = index.get(tuple(history[-n:]))
             if at is not None and at < len(history):
+                if n == self.ngram_max:
+                    n = self._extend(history, at, n)
                 return list(history[at : at + k]), n
         return [], 0
+
+    def _extend(self, history: Sequence[int], at: int, n: int) -> int:
+        """The length of the match that ends at `at` and at the history's end, from n up to match_max."""
+        end = len(history)
+        while n < self.match_max and at - n - 1 >= 0 and history[at - n - 1] == history[end - n - 1]:
+            n += 1
+        return n
 
     def propose(self, seq: int, history: Sequence[int], k: int, sampling: SamplingParams | None = None,
                 rng: np.random.Generator | None = None) -> Draft:
@@ -217,6 +227,13 @@ class LookupDrafter:
 
     def release(self, seq: int) -> None:
         self._index.pop(seq, None)
+
+
+def lookup_key(match_len: int) -> str:
+    """Acceptance is learned per match length: short ones exactly (2..7), long ones in doublings
+    (8-15, 16-31, 32+): a long verbatim match is a copy in progress, a short one may be chance."""
+    bucket = match_len if match_len < 8 else 1 << (match_len.bit_length() - 1)
+    return f"lookup-{min(bucket, 32)}"
 
 
 class AdaptiveDrafter:
@@ -232,6 +249,10 @@ class AdaptiveDrafter:
         self.model = model
         self.batch = 1  # sequences in the coming verify decode (the engine says, each step)
 
+    def begin_request(self, seq: int) -> None:
+        """A new request on this sequence: its own acceptance estimates start again."""
+        self.controller.new_request(seq)
+
     def begin_step(self, n_sequences: int) -> None:
         """The next proposals share one verify decode with this many sequences: drafts cost what
         they add to that batch."""
@@ -242,12 +263,8 @@ class AdaptiveDrafter:
         choice = None
         if self.lookup is not None and k > 0:
             tokens, n = self.lookup.lookup(seq, history, k)
-            if seq in self.lookup.restarted:
-                self.lookup.restarted.discard(seq)
-                self.controller.new_request(seq)
             if tokens:
-                # acceptance is learned per matched n-gram length: long matches are verbatim copies
-                choice = self.controller.choose(f"lookup-{n}", len(tokens), self.LOOKUP_COST, seq, self.batch)
+                choice = self.controller.choose(lookup_key(n), len(tokens), self.LOOKUP_COST, seq, self.batch)
                 if choice.k > 0:
                     return Draft(tokens[: choice.k], None, source="lookup", match_len=n, choice=choice)
         if self.model is not None and k > 0:
@@ -264,7 +281,7 @@ class AdaptiveDrafter:
 
     def accepted(self, seq: int, draft: Draft, n_accepted: int) -> None:
         if draft.source == "lookup":
-            self.controller.observe(f"lookup-{draft.match_len}", len(draft.tokens), n_accepted, seq)
+            self.controller.observe(lookup_key(draft.match_len), len(draft.tokens), n_accepted, seq)
         else:
             self.controller.observe(draft.source, len(draft.tokens), n_accepted)
 

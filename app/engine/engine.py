@@ -112,6 +112,8 @@ class Engine:
             raise
         slot.cached = list(req.prompt)
         slot.request, slot.generated = req, 0
+        if hasattr(self.drafter, "begin_request"):  # drafters that keep estimates per request
+            self.drafter.begin_request(slot.id)
         slot.record = RequestRecord(prompt_tokens=len(req.prompt), reused_tokens=n)
         if slot.sampler is not None:
             slot.sampler.close()
