@@ -25,7 +25,7 @@ from .verify import prompt_tokens
 MODES = ("plain", "adaptive", "lookup", "draft")  # plain and adaptive side by side; the order flips each repeat
 DRAFT_N_MAX = 8  # the draft model at a fixed length, greedy (our "draft" mode)
 ANCHOR_P_MIN = 0.75  # llama-server's best draft setting here (FACTS: n-max 8, p-min 0.75)
-ADAPTIVE_N_MAX = 16  # the controller may go this long (lookup proposals are free to make)
+ADAPTIVE_N_MAX = 48  # the controller may go this long (lookup proposals are free to make; llama-server's ngram-simple drafts 48)
 
 
 @dataclass
@@ -61,8 +61,8 @@ def run_engine(loaded: Loaded, prompts: list[dict], max_tokens: int, repeats: in
     each prompt's runs (when `anchors` are up)."""
     t = time.perf_counter()
     costs = calibrate(loaded.target, loaded.draft, ADAPTIVE_N_MAX)
-    log(f"calibrated in {time.perf_counter() - t:.1f} s: c_verify(1..{ADAPTIVE_N_MAX + 1}) ms "
-        + " ".join(f"{costs.verify[n] * 1e3:.1f}" for n in sorted(costs.verify))
+    log(f"calibrated in {time.perf_counter() - t:.1f} s: c_verify(n) ms "
+        + " ".join(f"{n}: {costs.verify[n] * 1e3:.1f}" for n in sorted(costs.verify))
         + (f"; c_draft {costs.draft * 1e3:.1f} ms" if costs.draft else ""))
     controller = Controller(costs)
     drafters = _drafters(loaded, controller)

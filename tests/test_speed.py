@@ -4,7 +4,8 @@ import json
 
 import pytest
 
-from app.engine.controller import UNPROVEN_K_MAX, Acceptance, Controller, CostModel, calibrate, expected_tokens
+from app.engine.controller import (UNPROVEN_K_MAX, Acceptance, Controller, CostModel, calibrate, calibration_sizes,
+                                   expected_tokens)
 from app.engine.drafter import AdaptiveDrafter, LookupDrafter, lookup_key
 from app.engine.engine import Engine, Request, SpecParams
 from app.llama_ctx import Context, Model
@@ -114,6 +115,8 @@ def test_acceptance_estimate_follows_recent_steps():
 
 
 def test_cost_model_interpolates_and_extrapolates():
+    assert calibration_sizes(8) == list(range(1, 10))
+    assert calibration_sizes(48) == list(range(1, 10)) + [12, 16, 24, 32, 48, 49]  # long drafts: timed at a few sizes
     m = CostModel(verify={1: 1.0, 3: 3.0})
     assert m.c_verify(2) == pytest.approx(2.0) and m.c_verify(5) == pytest.approx(5.0)
     m.observe_verify(1, 2.0)

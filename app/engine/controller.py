@@ -191,6 +191,15 @@ def _time_decode(ctx: Context, seq: int, start: int, n: int, prefix: int) -> flo
     return elapsed
 
 
+def calibration_sizes(k_max: int) -> list[int]:
+    """Verify sizes to time: every n up to 9, then doublings and their midpoints up to k_max + 1
+    (interpolated between): long lookup drafts need the cost of 33 or 49 tokens, not of each n."""
+    top = k_max + 1
+    sizes = list(range(1, min(top, 9) + 1))
+    sizes += [n for n in (12, 16, 24, 32, 48, 64) if 9 < n < top] + ([top] if top > 9 else [])
+    return sizes
+
+
 def calibrate(target: Context, draft: Context | None, k_max: int, reps: int = 3, seq: int = 0) -> CostModel:
     """Time target decodes of n = 1..k_max+1 tokens (logits for all, as in a verify step) and single
     draft tokens, after a short prefix, on a scratch sequence that is cleared afterwards."""
@@ -199,7 +208,7 @@ def calibrate(target: Context, draft: Context | None, k_max: int, reps: int = 3,
     k_max = min(k_max, target.n_ctx - prefix - 2)
     for ctx in [target] + ([draft] if draft else []):
         _prefix(ctx, seq, prefix)
-    for n in range(1, k_max + 2):
+    for n in calibration_sizes(k_max):
         costs.verify[n] = statistics.median(_time_decode(target, seq, prefix, n, prefix) for _ in range(reps))
     if draft is not None:
         costs.draft = statistics.median(_time_decode(draft, seq, prefix, 1, prefix) for _ in range(reps * 2))

@@ -1,8 +1,10 @@
 """Drafters: anything that proposes up to k next tokens for a sequence.
 
 One small interface, so the verify / accept / rollback code never changes when a drafter does:
-`propose(seq, history, k, ...)` returns a Draft; the engine then tells nothing back: the next
-`propose` call carries the sequence's new history and the drafter brings its own state in step.
+`propose(seq, history, k, ...)` returns a Draft, `accepted` says how much of it the target kept,
+and the next `propose` call carries the sequence's new history, so the drafter brings its own
+state in step. Drafters that keep estimates may also have `begin_request(seq)` and
+`begin_step(n_sequences)`, which the engine calls when a request starts and before each step.
 """
 
 from __future__ import annotations
