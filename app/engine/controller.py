@@ -201,7 +201,7 @@ def calibration_sizes(k_max: int) -> list[int]:
 
 
 def calibrate(target: Context, draft: Context | None, k_max: int, reps: int = 3, seq: int = 0) -> CostModel:
-    """Time target decodes of n = 1..k_max+1 tokens (logits for all, as in a verify step) and single
+    """Time target decodes of n tokens, n in calibration_sizes(k_max) (logits for all, as in a verify step), and single
     draft tokens, after a short prefix, on a scratch sequence that is cleared afterwards."""
     costs = CostModel()
     prefix = min(64, target.n_ctx // 4)
