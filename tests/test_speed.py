@@ -60,6 +60,16 @@ def test_a_new_request_drafts_short_until_one_draft_is_kept_whole():
     assert c.choose("lookup-32", 16, 2e-5, seq=0).k == UNPROVEN_K_MAX
 
 
+def test_a_long_verbatim_match_is_tried_before_any_trial_a_short_one_is_not():
+    c = Controller(CostModel(verify={1: 0.040, 2: 0.072, 3: 0.098, 4: 0.128, 5: 0.152}))  # this machine, session 4
+    AdaptiveDrafter(c, LookupDrafter(), None)  # registers the lookup priors
+    assert 2 <= c.choose("lookup-16", 16, 2e-5, seq=0).k <= UNPROVEN_K_MAX  # a copy in progress
+    assert c.choose("lookup-6", 16, 2e-5, seq=0).k == 0  # six tokens may be chance: a = 0.5
+    c.observe("lookup-16", 4, 0, seq=0)
+    c.observe("lookup-16", 4, 0, seq=0)
+    assert c.choose("lookup-16", 16, 2e-5, seq=0).k == 0  # the prior gives way to what is seen
+
+
 def test_expected_tokens_formula():
     assert expected_tokens(0, 0.9) == 1.0
     assert expected_tokens(3, 1.0) == 4.0

@@ -103,13 +103,21 @@ class Controller:
         self.proven: set[int] = set()  # slots whose request has had a draft kept whole
         self.learn_costs = learn_costs  # refresh costs from real steps (off: fixed costs, for tests)
         self.acceptance: dict[str, Acceptance] = {}
+        self.priors: dict[str, float] = {}  # acceptance expected of a drafter before any trial (else 0.5)
         self.probe_every = probe_every
         self._idle: dict[str, int] = {}
 
     def alpha(self, key: str, seq: int | None = None) -> float:
         if seq is not None and (seq, key) in self.local:
             return self.local[(seq, key)].alpha
-        return self.acceptance.setdefault(key, Acceptance()).alpha
+        return self._global(key).alpha
+
+    def _global(self, key: str) -> Acceptance:
+        """The estimate across requests; before any trial, the drafter's prior with the weight of two."""
+        if key not in self.acceptance:
+            a = self.priors.get(key, 0.5)
+            self.acceptance[key] = Acceptance(2 * a, 2 * (1 - a))
+        return self.acceptance[key]
 
     def new_request(self, seq: int) -> None:
         """A new request on this slot: its own estimates start again from the global ones, weakly,
@@ -155,7 +163,7 @@ class Controller:
     def observe(self, key: str, drafted: int, accepted: int, seq: int | None = None) -> None:
         if not drafted:
             return
-        glob = self.acceptance.setdefault(key, Acceptance())
+        glob = self._global(key)
         if seq is not None:
             local = self.local.get((seq, key))
             if local is None:  # seeded from the global estimate with the weight of two trials

@@ -238,6 +238,10 @@ def lookup_key(match_len: int) -> str:
     return f"lookup-{min(bucket, 32)}"
 
 
+# before any trial: a verbatim match of 16+ tokens is a copy in progress and will most likely go on
+LOOKUP_PRIORS = {"lookup-16": 0.95, "lookup-32": 0.95}
+
+
 class AdaptiveDrafter:
     """Prompt lookup first (free), else the draft model; each only with the draft length the
     controller expects to beat plain decoding on this machine (often none)."""
@@ -250,6 +254,7 @@ class AdaptiveDrafter:
         self.lookup = lookup
         self.model = model
         self.batch = 1  # sequences in the coming verify decode (the engine says, each step)
+        controller.priors.update(LOOKUP_PRIORS)
 
     def begin_request(self, seq: int) -> None:
         """A new request on this sequence: its own acceptance estimates start again."""
