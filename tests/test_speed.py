@@ -44,7 +44,7 @@ def test_lookup_measures_how_far_a_long_match_goes():
         "lookup-2", "lookup-5", "lookup-7", "lookup-8", "lookup-8", "lookup-16", "lookup-16", "lookup-32", "lookup-32"]
 
 
-def test_a_new_request_drafts_short_until_one_draft_is_kept_whole():
+def test_a_new_request_drafts_longer_only_as_its_own_drafts_are_kept_whole():
     """Estimates from other requests are a guess: a long draft that misses costs several plain steps."""
     c = Controller(gpu_like_costs())
     for _ in range(30):
@@ -54,8 +54,11 @@ def test_a_new_request_drafts_short_until_one_draft_is_kept_whole():
     assert c.choose("lookup-32", 16, 2e-5, seq=1).k == 16  # the slot whose request is copying
     c.observe("lookup-32", 4, 3, seq=0)
     assert c.choose("lookup-32", 16, 2e-5, seq=0).k <= UNPROVEN_K_MAX  # a partial draft proves nothing
+    c.observe("lookup-32", 1, 1, seq=0)
+    assert c.choose("lookup-32", 16, 2e-5, seq=0).k <= UNPROVEN_K_MAX  # one token kept proves little of 16
     c.observe("lookup-32", 4, 4, seq=0)
     assert c.choose("lookup-32", 16, 2e-5, seq=0).k > UNPROVEN_K_MAX
+    assert c.choose("lookup-32", 48, 2e-5, seq=0).k == 16  # four times the longest kept whole
     c.new_request(0)
     assert c.choose("lookup-32", 16, 2e-5, seq=0).k == UNPROVEN_K_MAX
 
@@ -163,10 +166,10 @@ def test_each_request_starts_with_its_own_estimates_even_after_a_release(tiny):
     eng = Engine(tc, drafter, 1)
     prompt = [1] + list(range(300, 316))
     steps = list(eng.generate(Request(prompt=prompt, max_tokens=120)))
-    assert any(s.drafted for s in steps) and any(seq == 0 for seq, _ in controller.local) and 0 in controller.proven
+    assert any(s.drafted for s in steps) and any(seq == 0 for seq, _ in controller.local) and controller.trusted(0) > UNPROVEN_K_MAX
     drafter.release(0)
     eng.start(eng.slots[0], Request(prompt=prompt[:5], max_tokens=4))
-    assert not any(seq == 0 for seq, _ in controller.local) and 0 not in controller.proven
+    assert not any(seq == 0 for seq, _ in controller.local) and controller.trusted(0) == UNPROVEN_K_MAX
 
 
 def test_bench_json_shape_on_tiny_models(tiny, tmp_path):

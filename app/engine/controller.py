@@ -19,10 +19,12 @@ from ..llama_ctx import Context
 EMA = 0.9  # weight of the past in running estimates
 TRIAL_DECAY = 0.85  # weight of an acceptance observation after one more trial
 OPTIMISTIC_ALPHA = 0.95  # probing a drafter only makes sense if it would pay at this acceptance
-# a request's drafts stay this short until one of them is kept whole: estimates carried over from
-# other requests are a guess (a code edit's copy is not this text's), and a long draft that misses
-# costs several plain steps on a CPU, where verifying k tokens costs nearly k times one
+# a request's drafts start this short and grow only as its own drafts are kept whole (to TRUST_GROWTH
+# times the longest kept so far): estimates carried over from other requests are a guess (a code
+# edit's copy is not this text's), and on a CPU, where verifying k tokens costs nearly k times one,
+# a 47-token draft that misses costs ~16 plain steps
 UNPROVEN_K_MAX = 4
+TRUST_GROWTH = 4
 
 
 @dataclass
@@ -100,7 +102,7 @@ class Controller:
     def __init__(self, costs: CostModel, probe_every: int = 32, learn_costs: bool = True) -> None:
         self.costs = costs
         self.local: dict[tuple[int, str], Acceptance] = {}  # per slot, for the request it serves
-        self.proven: set[int] = set()  # slots whose request has had a draft kept whole
+        self.trust: dict[int, int] = {}  # per slot: the longest draft its request has earned
         self.learn_costs = learn_costs  # refresh costs from real steps (off: fixed costs, for tests)
         self.acceptance: dict[str, Acceptance] = {}
         self.priors: dict[str, float] = {}  # acceptance expected of a drafter before any trial (else 0.5)
@@ -111,6 +113,10 @@ class Controller:
         if seq is not None and (seq, key) in self.local:
             return self.local[(seq, key)].alpha
         return self._global(key).alpha
+
+    def trusted(self, seq: int) -> int:
+        """The longest draft this slot's request may take now."""
+        return self.trust.get(seq, UNPROVEN_K_MAX)
 
     def _global(self, key: str) -> Acceptance:
         """The estimate across requests; before any trial, the drafter's prior with the weight of two."""
@@ -124,15 +130,15 @@ class Controller:
         so a drafter that was good for the last text is tried but dropped after one miss."""
         for k in [k for k in self.local if k[0] == seq]:
             del self.local[k]
-        self.proven.discard(seq)
+        self.trust.pop(seq, None)
 
     def choose(self, key: str, k_max: int, draft_cost: float, seq: int | None = None, batch: int = 1) -> Choice:
         """The best k in 0..k_max for a drafter whose tokens cost `draft_cost` seconds each, when this
         sequence shares its verify decode with `batch - 1` others (one token each): k drafts then
         cost c_verify(batch + k) for batch - 1 + E[tokens] tokens, against batch / c_verify(batch)."""
         a = self.alpha(key, seq)
-        if seq is not None and seq not in self.proven:
-            k_max = min(k_max, UNPROVEN_K_MAX)
+        if seq is not None:
+            k_max = min(k_max, self.trusted(seq))
         c = self.costs.c_verify
         plain = batch / c(batch)
         best = Choice(0, a, 1.0, c(batch), 1.0, "plain decoding is fastest")
@@ -170,7 +176,7 @@ class Controller:
                 local = self.local[(seq, key)] = Acceptance(2 * glob.alpha, 2 * (1 - glob.alpha))
             local.observe(drafted, accepted)
             if accepted == drafted:
-                self.proven.add(seq)
+                self.trust[seq] = max(self.trusted(seq), TRUST_GROWTH * drafted)
         glob.observe(drafted, accepted)
 
 
