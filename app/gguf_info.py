@@ -137,6 +137,9 @@ def _file_type_name(value: int | None) -> str | None:
         return f"file_type {value}"
 
 
+MAX_LAYERS = 4096  # the deepest released models have a few hundred
+
+
 def _per_layer(value: Any, n_layers: int, default: int) -> tuple[int, ...]:
     if value is None:
         return (default,) * n_layers
@@ -213,6 +216,9 @@ def read_model_info(path: str | os.PathLike[str]) -> ModelInfo:
 
     try:
         n_layers = int(key("block_count", 0))
+        if not 0 <= n_layers <= MAX_LAYERS or (tensors and n_layers > len(tensors)):
+            # each layer has tensors; a damaged count would size per-layer tables of billions
+            raise GGUFError(f"{path}: block_count {n_layers} is not a layer count for {len(tensors)} tensors")
         n_embd = int(key("embedding_length", 0))
         head_count = key("attention.head_count", 0)
         n_head = int(max(head_count) if isinstance(head_count, tuple) else head_count)

@@ -99,6 +99,17 @@ def test_deeply_nested_array_is_a_clear_error(tmp_path):
         read_header(path)
 
 
+def test_a_huge_block_count_is_a_clear_error(tmp_path):
+    """Found by the fuzz: block_count set to 2^40 sized per-layer tables until the OOM killer came."""
+    arch = b"llama"
+    data = (b"GGUF" + struct.pack("<IQQ", 3, 0, 2) + _kv(b"general.architecture", 8, struct.pack("<Q", len(arch)) + arch)
+            + _kv(b"llama.block_count", 10, struct.pack("<Q", 1 << 40)) + b"\0" * 64)
+    path = tmp_path / "layers.gguf"
+    path.write_bytes(data)
+    with pytest.raises(GGUFError, match="block_count 1099511627776"):
+        read_model_info(path)
+
+
 def test_alignment_of_the_wrong_type_is_a_clear_error(tmp_path):
     data = b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + _kv(b"general.alignment", 9, struct.pack("<IQ", 4, 1) + b"\0" * 4)
     path = tmp_path / "align.gguf"
