@@ -38,7 +38,8 @@ def load(plan: Plan, target: ModelInfo, draft: ModelInfo | None, threads: int, a
         dc = Context(Model(Path(draft.path), plan.draft.n_gpu_layers), plan.draft, threads)
     drafter = ModelDrafter(dc) if dc else None
     if adaptive:
-        controller = Controller(calibrate(tc, dc, plan.draft_max))
+        # verify decodes hold up to every slot's last token and drafts: their costs are measured too
+        controller = Controller(calibrate(tc, dc, min(64, plan.parallel * (plan.draft_max + 1)) - 1))
         drafter = AdaptiveDrafter(controller, LookupDrafter(), drafter)
     engine = Engine(tc, drafter, plan.parallel, draft_limit=plan.draft_max)
     return Loaded(engine, Tokenizer(tm, target.vocab.chat_template), tc, dc)

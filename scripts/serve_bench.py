@@ -35,9 +35,16 @@ from app.settings import hub_settings, paths  # noqa: E402
 from app.verify import CODE_EDIT_MODULE  # noqa: E402
 
 
+DRAFTS: dict[str, list[int]] = {}  # url -> [drafted, accepted] over the timed requests (specdeck's timings)
+
+
 def complete(url: str, prompt: str, tokens: int) -> int:
     body = {"prompt": prompt, "max_tokens": tokens, "temperature": 0, "ignore_eos": True}
     r = httpx.post(url + "/v1/completions", json=body, timeout=600).json()
+    t = r.get("timings") or {}
+    totals = DRAFTS.setdefault(url, [0, 0])
+    totals[0] += int(t.get("draft_n") or 0)
+    totals[1] += int(t.get("draft_n_accepted") or 0)
     return int(r["usage"]["completion_tokens"])
 
 
@@ -107,6 +114,7 @@ def main() -> int:
         samples: dict = {name: {n: [] for n in (1, 2, 4)} for name in running}
         for url, _proc in running.values():  # both evaluate the bench prompts once (their prompt caches)
             aggregate(url, 4, 1)
+        DRAFTS.clear()
         order = list(running)
         for _ in range(args.rounds):
             for n in (1, 2, 4):
@@ -117,6 +125,8 @@ def main() -> int:
         for name, (url, _proc) in running.items():
             results[name] = {f"streams_{n}": statistics.median(v) for n, v in samples[name].items()}
             results[name].update({f"streams_{n}_all": v for n, v in samples[name].items()})
+            drafted, accepted = DRAFTS.get(url, [0, 0])
+            results[name].update({"drafted": drafted, "accepted": accepted})
             if not args.no_ttft:
                 cold, cached = ttft(url, long_prompt)
                 results[name].update({"ttft_cold_s": cold, "ttft_cached_s": cached, "ttft_cached_vs_cold": cached / cold})

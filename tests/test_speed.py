@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from app.engine.controller import (UNPROVEN_K_MAX, Acceptance, Controller, CostModel, calibrate, calibration_sizes,
-                                   expected_tokens)
+from app.engine.controller import (UNPROVEN_K_MAX, Acceptance, Candidate, Controller, CostModel, calibrate,
+                                   calibration_sizes, expected_tokens)
 from app.engine.drafter import AdaptiveDrafter, LookupDrafter, lookup_key
 from app.engine.engine import Engine, Request, SpecParams
 from app.llama_ctx import Context, Model
@@ -212,6 +212,43 @@ def test_controller_weighs_a_draft_by_what_it_adds_to_a_shared_batch():
     assert c.choose("lookup-3", 1, 2e-5).k == 0
     in_batch = c.choose("lookup-3", 1, 2e-5, batch=4)
     assert in_batch.k == 1 and in_batch.gain > 1.05 and "batch of 4" in in_batch.reason
+
+
+def test_drafts_of_one_step_are_chosen_together():
+    """Two sequences in a decode of four: alone, each one's draft would be nearly free (5 rows cost what
+    4 do); together the second draft makes the decode 6 rows, which costs far more. Only the likelier
+    draft is taken; where verify is linear in rows (this CPU with four streams), none is."""
+    costs = CostModel(verify={1: 0.036, 4: 0.132, 5: 0.134, 6: 0.200, 8: 0.245})
+    c = Controller(costs)
+    for _ in range(20):
+        c.observe("lookup-5", 4, 4, seq=0)
+        c.observe("lookup-3", 3, 2, seq=1)
+    alone = [c.choose("lookup-5", 1, 2e-5, seq=0, batch=4).k, c.choose("lookup-3", 1, 2e-5, seq=1, batch=4).k]
+    assert alone == [1, 1]
+    both = c.allocate([Candidate(0, "lookup-5", 1, 2e-5), Candidate(1, "lookup-3", 1, 2e-5)], batch=4)
+    assert [x.k for x in both] == [1, 0] and both[0].gain > 1.1 and "batch of 4" in both[0].reason
+    c.costs = CostModel(verify={n: 0.033 * n for n in (1, 2, 4, 8, 16, 40)})
+    assert [x.k for x in c.allocate([Candidate(0, "lookup-5", 8, 2e-5), Candidate(1, "lookup-3", 8, 2e-5)], batch=4)] == [0, 0]
+
+
+def test_the_engine_drafts_for_all_slots_of_a_step_at_once(tiny):
+    """Two slots generating at once: on costs where a shared decode pays for drafts, both draft and
+    every token is the target's argmax; where each row costs what a step does, neither drafts."""
+    m = Model(tiny.target)
+    tc = Context(m, ModelParams(1024, 512, 512, 2, True, "f16", "f16", True, False, 0, 0), 1)
+    prompts = [[1] + list(range(300, 316)), [1] + list(range(200, 220))]
+    for costs, drafts in ((gpu_like_costs(), True), (CostModel(verify={n: 0.03 * n for n in (1, 2, 4, 8, 16, 40)}), False)):
+        controller = Controller(costs, learn_costs=False)
+        eng = Engine(tc, AdaptiveDrafter(controller, LookupDrafter(), None), 2)
+        slots = eng.slots
+        for s, p in zip(slots, prompts):
+            eng.start(s, Request(prompt=p, max_tokens=80, trace=True))
+        steps = []
+        while all(s.generated < 80 for s in slots):
+            steps += eng.step(slots)
+        assert all(r.tokens == r.target_argmax for r in steps)
+        drafted = {r.slot for r in steps if r.drafted}
+        assert drafted == ({0, 1} if drafts else set()), (costs, drafted)
 
 
 def test_step_overhead_script_measures_both_drafters():

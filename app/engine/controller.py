@@ -1,8 +1,13 @@
-"""Choosing the draft length per step: measured costs, estimated acceptance, best expected speed.
+"""Choosing the draft lengths per step: measured costs, estimated acceptance, best expected speed.
 
     E[tokens | k, a] = (1 - a^(k+1)) / (1 - a)        tokens per step with k drafts, acceptance a
     cost(k)          = k * c_draft + c_verify(k + 1)   seconds per step (c_draft = 0 for lookup)
     choose k in 0..k_max maximising E / cost; k = 0 is plain decoding (1 token per c_verify(1)).
+
+Slots that share one verify decode share its cost: B sequences with k_1..k_B drafts give
+B + sum_i (E_i - 1) tokens for c_verify(B + sum k_i) seconds. The j-th draft of sequence i adds
+a_i^j expected tokens, so drafts are taken best first across all sequences and the step keeps the
+count that gives the most tokens per second (`allocate`).
 
 Costs are measured on the machine at start (`calibrate`) and refreshed from every real step;
 acceptance is estimated per drafter (and per lookup match length) from the steps it drafted.
@@ -10,8 +15,11 @@ acceptance is estimated per drafter (and per lookup match length) from the steps
 
 from __future__ import annotations
 
+import bisect
+import heapq
 import statistics
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from ..llama_ctx import Context
@@ -33,8 +41,18 @@ class Choice:
     alpha: float
     expected_tokens: float
     cost: float
-    gain: float  # expected tokens/s relative to plain decoding
+    gain: float  # expected tokens/s relative to plain decoding (of the whole step, where shared)
     reason: str
+
+
+@dataclass
+class Candidate:
+    """A sequence that could draft this step: up to k_max tokens from `key`, each costing draft_cost s."""
+
+    seq: int | None
+    key: str
+    k_max: int
+    draft_cost: float
 
 
 @dataclass
@@ -44,26 +62,35 @@ class CostModel:
     verify: dict[int, float] = field(default_factory=dict)
     draft: float | None = None
 
+    def __post_init__(self) -> None:
+        self._known = sorted(self.verify)  # the sizes measured (c_verify runs many times a step)
+
     def c_verify(self, n: int) -> float:
-        if n in self.verify:
-            return self.verify[n]
-        known = sorted(self.verify)
+        v = self.verify
+        if n in v:
+            return v[n]
+        known = self._known
         if not known:
             return float(n)  # uncalibrated: assume linear
-        if n > known[-1]:  # extrapolate with the last measured slope
+        if n > known[-1]:  # extrapolate with the last measured slope, or the mean one if steeper
+            first, last = known[0], known[-1]
             if len(known) >= 2:
-                a, b = known[-2], known[-1]
-                slope = max((self.verify[b] - self.verify[a]) / (b - a), 0.0)
+                a = known[-2]
+                slope = max((v[last] - v[a]) / (last - a), (v[last] - v[first]) / (last - first), 0.0)
             else:
-                slope = self.verify[known[-1]]
-            return self.verify[known[-1]] + slope * (n - known[-1])
-        lo = max(x for x in known if x < n)
-        hi = min(x for x in known if x > n)
+                slope = v[last] / last
+            return v[last] + slope * (n - last)
+        i = bisect.bisect_left(known, n)
+        if i == 0:
+            return v[known[0]] * n / known[0]
+        lo, hi = known[i - 1], known[i]
         t = (n - lo) / (hi - lo)
-        return self.verify[lo] * (1 - t) + self.verify[hi] * t
+        return v[lo] * (1 - t) + v[hi] * t
 
     def observe_verify(self, n: int, seconds: float) -> None:
         old = self.verify.get(n)
+        if old is None:
+            bisect.insort(self._known, n)
         self.verify[n] = seconds if old is None else EMA * old + (1 - EMA) * seconds
 
     def observe_draft(self, seconds_per_token: float) -> None:
@@ -133,33 +160,66 @@ class Controller:
         self.trust.pop(seq, None)
 
     def choose(self, key: str, k_max: int, draft_cost: float, seq: int | None = None, batch: int = 1) -> Choice:
-        """The best k in 0..k_max for a drafter whose tokens cost `draft_cost` seconds each, when this
-        sequence shares its verify decode with `batch - 1` others (one token each): k drafts then
-        cost c_verify(batch + k) for batch - 1 + E[tokens] tokens, against batch / c_verify(batch)."""
-        a = self.alpha(key, seq)
-        if seq is not None:
-            k_max = min(k_max, self.trusted(seq))
+        """The best k in 0..k_max for one sequence whose draft tokens cost `draft_cost` seconds each,
+        when it shares its verify decode with `batch - 1` others that do not draft."""
+        return self.allocate([Candidate(seq, key, k_max, draft_cost)], batch)[0]
+
+    def allocate(self, cands: Sequence[Candidate], batch: int | None = None) -> list[Choice]:
+        """Draft lengths for sequences verified in one decode of `batch` sequences (default: the
+        candidates; others there take one token each). Drafts are added in order of what each adds
+        (a^j for the j-th of a sequence), and the step keeps the number that gives the most
+        expected tokens per second, if that beats plain decoding."""
+        batch = max(batch or len(cands), 1)
         c = self.costs.c_verify
         plain = batch / c(batch)
-        best = Choice(0, a, 1.0, c(batch), 1.0, "plain decoding is fastest")
-        for k in range(1, k_max + 1):
-            e = expected_tokens(k, a)
-            cost = k * draft_cost + c(batch + k)
-            gain = (batch - 1 + e) / cost / plain
-            if gain > best.gain:
-                best = Choice(k, a, e, cost, gain, f"{key}: a={a:.2f}, {e:.2f} tokens per {cost * 1e3:.1f} ms"
-                              + (f" in a batch of {batch}" if batch > 1 else ""))
-        if best.k == 0 and k_max > 0 and self._could_pay(k_max, draft_cost):
-            # now and then try once, so a changed acceptance is noticed (only where it could pay at all)
-            idle = self._idle.get(key, 0) + 1
-            self._idle[key] = idle
-            if idle >= self.probe_every:
-                self._idle[key] = 0
-                k = min(2, k_max)
-                return Choice(k, a, expected_tokens(k, a), k * draft_cost + self.costs.c_verify(k + 1), 0.0, f"{key}: probe")
-        else:
-            self._idle[key] = 0
-        return best
+        alphas = [self.alpha(x.key, x.seq) for x in cands]
+        limits = [min(x.k_max, self.trusted(x.seq)) if x.seq is not None else x.k_max for x in cands]
+        ks = [0] * len(cands)
+        best_rate, best_ks = plain, list(ks)
+        heap = [(-a, i) for i, (a, lim) in enumerate(zip(alphas, limits)) if lim > 0 and a > 0]
+        heapq.heapify(heap)
+        tokens, spent, total = float(batch), 0.0, 0
+        while heap:
+            neg, i = heapq.heappop(heap)
+            ks[i] += 1
+            total += 1
+            tokens -= neg
+            spent += cands[i].draft_cost
+            rate = tokens / (c(batch + total) + spent)
+            if rate > best_rate:
+                best_rate, best_ks = rate, list(ks)
+            if ks[i] < limits[i]:
+                heapq.heappush(heap, (neg * alphas[i], i))
+        gain = best_rate / plain
+        drafts = sum(best_ks)
+        cost = c(batch + drafts) + sum(k * x.draft_cost for x, k in zip(cands, best_ks))
+        choices = []
+        for x, a, k, limit in zip(cands, alphas, best_ks, limits):
+            if k:
+                self._idle[x.key] = 0
+                shared = f" in a batch of {batch}" + (f", {drafts} drafts in all" if drafts > k else "") if batch > 1 else ""
+                e = expected_tokens(k, a)
+                choices.append(Choice(k, a, e, cost, gain, f"{x.key}: a={a:.2f}, {e:.2f} tokens per {cost * 1e3:.1f} ms{shared}"))
+            else:
+                choices.append(self._probe_or_plain(x, a, limit, c(batch)))
+        return choices
+
+    def _probe_or_plain(self, x: Candidate, a: float, k_max: int, plain_cost: float) -> Choice:
+        """No draft for this sequence: but now and then try two tokens, so a changed acceptance is
+        noticed (only where drafting could pay at all)."""
+        plain = Choice(0, a, 1.0, plain_cost, 1.0, "plain decoding is fastest")
+        if k_max <= 0:  # nothing to draft from (or speculation off for this request)
+            return plain
+        if not self._could_pay(k_max, x.draft_cost):
+            self._idle[x.key] = 0
+            return plain
+        idle = self._idle.get(x.key, 0) + 1
+        self._idle[x.key] = idle
+        if idle < self.probe_every:
+            return plain
+        self._idle[x.key] = 0
+        k = min(2, k_max)
+        return Choice(k, a, expected_tokens(k, a), k * x.draft_cost + self.costs.c_verify(k + 1), 0.0, f"{x.key}: probe")
 
     def _could_pay(self, k_max: int, draft_cost: float, a: float = OPTIMISTIC_ALPHA) -> bool:
         plain = 1.0 / self.costs.c_verify(1)
@@ -217,13 +277,16 @@ def calibration_sizes(k_max: int) -> list[int]:
 def calibrate(target: Context, draft: Context | None, k_max: int, reps: int = 3, seq: int = 0) -> CostModel:
     """Time target decodes of n tokens, n in calibration_sizes(k_max) (logits for all, as in a verify step), and single
     draft tokens, after a short prefix, on a scratch sequence that is cleared afterwards."""
-    costs = CostModel()
     prefix = min(64, target.n_ctx // 4)
     k_max = min(k_max, target.n_ctx - prefix - 2)
     for ctx in [target] + ([draft] if draft else []):
         _prefix(ctx, seq, prefix)
-    for n in calibration_sizes(k_max):
-        costs.verify[n] = statistics.median(_time_decode(target, seq, prefix, n, prefix) for _ in range(reps))
+    sizes = calibration_sizes(k_max)
+    times: dict[int, list[float]] = {n: [] for n in sizes}
+    for _ in range(reps):  # every size once per round: a machine that speeds up or slows down meanwhile
+        for n in sizes:    # shifts all sizes alike, not the last few
+            times[n].append(_time_decode(target, seq, prefix, n, prefix))
+    costs = CostModel({n: statistics.median(t) for n, t in times.items()})
     if draft is not None:
         costs.draft = statistics.median(_time_decode(draft, seq, prefix, 1, prefix) for _ in range(reps * 2))
     for ctx in [target] + ([draft] if draft else []):

@@ -3,8 +3,9 @@
 One small interface, so the verify / accept / rollback code never changes when a drafter does:
 `propose(seq, history, k, ...)` returns a Draft, `accepted` says how much of it the target kept,
 and the next `propose` call carries the sequence's new history, so the drafter brings its own
-state in step. Drafters that keep estimates may also have `begin_request(seq)` and
-`begin_step(n_sequences)`, which the engine calls when a request starts and before each step.
+state in step. Drafters that keep estimates may also have `begin_request(seq)`, which the engine
+calls when a request starts, and `propose_all(asks)`, which it then calls instead of `propose` to
+draft for every sequence of a step at once (they share one verify decode).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import numpy as np
 from ..llama_ctx import Context, DecodeError
 from . import kv
 from .accept import draw
-from .controller import Choice, Controller
+from .controller import Candidate, Choice, Controller
 from .sampling import SamplingParams, TokenSampler
 
 
@@ -30,6 +31,17 @@ class Draft:
     source: str = ""  # which drafter proposed them
     match_len: int = 0  # prompt lookup: the n-gram length that matched
     choice: Choice | None = None  # the controller's decision, when one decided
+
+
+@dataclass
+class Ask:
+    """One sequence's request for a draft in a step (see Drafter.propose)."""
+
+    seq: int
+    history: Sequence[int]
+    k: int
+    sampling: SamplingParams | None = None
+    rng: np.random.Generator | None = None
 
 
 class Drafter(Protocol):
@@ -253,38 +265,55 @@ class AdaptiveDrafter:
         self.controller = controller
         self.lookup = lookup
         self.model = model
-        self.batch = 1  # sequences in the coming verify decode (the engine says, each step)
         controller.priors.update(LOOKUP_PRIORS)
 
     def begin_request(self, seq: int) -> None:
         """A new request on this sequence: its own acceptance estimates start again."""
         self.controller.new_request(seq)
 
-    def begin_step(self, n_sequences: int) -> None:
-        """The next proposals share one verify decode with this many sequences: drafts cost what
-        they add to that batch."""
-        self.batch = max(1, n_sequences)
-
     def propose(self, seq: int, history: Sequence[int], k: int, sampling: SamplingParams | None = None,
                 rng: np.random.Generator | None = None) -> Draft:
-        choice = None
-        if self.lookup is not None and k > 0:
-            tokens, n = self.lookup.lookup(seq, history, k)
-            if tokens:
-                choice = self.controller.choose(lookup_key(n), len(tokens), self.LOOKUP_COST, seq, self.batch)
-                if choice.k > 0:
-                    return Draft(tokens[: choice.k], None, source="lookup", match_len=n, choice=choice)
-        if self.model is not None and k > 0:
-            draft_cost = self.controller.costs.draft or self.controller.costs.c_verify(1)
-            choice = self.controller.choose("draft-model", k, draft_cost, batch=self.batch)
-            if choice.k > 0:
-                t = time.perf_counter()
-                d = self.model.propose(seq, history, choice.k, sampling, rng)
-                if d.tokens and self.controller.learn_costs:
-                    self.controller.costs.observe_draft((time.perf_counter() - t) / len(d.tokens))
-                d.choice = choice
-                return d
-        return Draft([], source="none", choice=choice)
+        """One sequence's draft, alone in its verify decode."""
+        return self.propose_all([Ask(seq, history, k, sampling, rng)])[0]
+
+    def propose_all(self, asks: Sequence[Ask], batch: int | None = None) -> list[Draft]:
+        """Drafts for every sequence of one step, their lengths chosen together (they share one
+        verify decode): lookup where it has a match, the draft model where it has none or where
+        lookup's draft would not be taken."""
+        found = [self.lookup.lookup(a.seq, a.history, a.k) if self.lookup is not None and a.k > 0 else ([], 0)
+                 for a in asks]
+        cands = [self._candidate(a, tokens, n) for a, (tokens, n) in zip(asks, found)]
+        choices = self.controller.allocate(cands, batch)
+        if self.model is not None:  # where lookup got nothing, would the draft model be taken instead?
+            alt = [Candidate(None, "draft-model", a.k, self._model_cost()) if c.key != "draft-model" and ch.k == 0 and a.k > 0
+                   else c for a, c, ch in zip(asks, cands, choices)]
+            if alt != cands:
+                alt_choices = self.controller.allocate(alt, batch)
+                if max(ch.gain for ch in alt_choices) > max(ch.gain for ch in choices):
+                    cands, choices = alt, alt_choices
+        return [self._draft(a, x, ch, tokens, n) for a, x, ch, (tokens, n) in zip(asks, cands, choices, found)]
+
+    def _model_cost(self) -> float:
+        return self.controller.costs.draft or self.controller.costs.c_verify(1)
+
+    def _candidate(self, a: Ask, tokens: list[int], n: int) -> Candidate:
+        if tokens:
+            return Candidate(a.seq, lookup_key(n), len(tokens), self.LOOKUP_COST)
+        if self.model is not None:
+            return Candidate(None, "draft-model", a.k, self._model_cost())
+        return Candidate(a.seq, "none", 0, 0.0)
+
+    def _draft(self, a: Ask, x: Candidate, choice: Choice, tokens: list[int], n: int) -> Draft:
+        if choice.k <= 0 or x.key == "none":
+            return Draft([], source="none", choice=choice)
+        if x.key != "draft-model":
+            return Draft(tokens[: choice.k], None, source="lookup", match_len=n, choice=choice)
+        t = time.perf_counter()
+        d = self.model.propose(a.seq, a.history, choice.k, a.sampling, a.rng)
+        if d.tokens and self.controller.learn_costs:
+            self.controller.costs.observe_draft((time.perf_counter() - t) / len(d.tokens))
+        d.choice = choice
+        return d
 
     def accepted(self, seq: int, draft: Draft, n_accepted: int) -> None:
         if draft.source == "lookup":

@@ -23,7 +23,7 @@ from ..errors import SpecdeckError
 from ..llama_ctx import Context, DecodeError
 from . import kv
 from .accept import Accepted, accept_by_match, accept_by_rejection, accept_greedy, draw
-from .drafter import Draft, Drafter
+from .drafter import Ask, Draft, Drafter
 from .records import RequestRecord, StepRecord
 from .sampling import SamplingParams, TokenSampler
 
@@ -226,18 +226,7 @@ class Engine:
         starved = self._budget(slots, ks)
         ended = [StepRecord(s.id, [], 0, 0, 0, "none", 0.0, 0.0, 0.0, finish_reason="context") for s in starved]
         slots = [s for s in slots if s not in starved]
-        if hasattr(self.drafter, "begin_step"):  # drafters that weigh a draft's cost in the shared batch
-            self.drafter.begin_step(len(slots))
-        drafts, t_draft = {}, {}
-        for s in slots:
-            t = time.perf_counter()
-            k = ks[s.id]
-            req = s.request
-            assert req is not None
-            rejection = req.speculative.mode == "rejection" and not req.sampling.greedy
-            drafts[s.id] = (self.drafter.propose(s.id, s.tokens, k, req.sampling if rejection else None, s.rng)
-                            if k > 0 and self.drafter else Draft([]))
-            t_draft[s.id] = time.perf_counter() - t
+        drafts, t_draft = self._draft(slots, ks)
 
         if not slots:
             return ended
@@ -282,6 +271,29 @@ class Engine:
             self._emit(s, rec)
             out.append(rec)
         return out
+
+    def _draft(self, slots: Sequence[Slot], ks: dict[int, int]) -> tuple[dict[int, Draft], dict[int, float]]:
+        """Each slot's draft (up to ks[id] tokens) and the seconds it took. Drafters that choose the
+        lengths of all slots together (they share one verify decode) get the whole step at once."""
+        asks = []
+        for s in slots:
+            req = s.request
+            assert req is not None
+            rejection = req.speculative.mode == "rejection" and not req.sampling.greedy
+            asks.append(Ask(s.id, s.tokens, ks[s.id], req.sampling if rejection else None, s.rng))
+        if self.drafter is None or not any(a.k > 0 for a in asks):
+            return {s.id: Draft([]) for s in slots}, {s.id: 0.0 for s in slots}
+        if hasattr(self.drafter, "propose_all"):
+            t = time.perf_counter()
+            out = self.drafter.propose_all(asks)
+            each = (time.perf_counter() - t) / len(asks)
+            return {a.seq: d for a, d in zip(asks, out)}, {a.seq: each for a in asks}
+        drafts, t_draft = {}, {}
+        for a in asks:
+            t = time.perf_counter()
+            drafts[a.seq] = self.drafter.propose(a.seq, a.history, a.k, a.sampling, a.rng) if a.k > 0 else Draft([])
+            t_draft[a.seq] = time.perf_counter() - t
+        return drafts, t_draft
 
     def _accept(self, s: Slot, d: Draft, rows: list[int]) -> tuple[Accepted, list[int] | None, list[float] | None]:
         req = s.request
