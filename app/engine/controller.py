@@ -33,6 +33,10 @@ OPTIMISTIC_ALPHA = 0.95  # probing a drafter only makes sense if it would pay at
 # a 47-token draft that misses costs ~16 plain steps
 UNPROVEN_K_MAX = 4
 TRUST_GROWTH = 4
+# a draft must be expected to beat plain decoding by this much: the estimates it rests on are noisy and
+# picked at their best, and a draft that misses costs its whole verify (on a CPU, where a 3-token verify
+# costs ~2.6 single decodes, a 2-token draft kept whole only breaks even)
+MIN_GAIN = 1.03
 
 
 @dataclass
@@ -168,14 +172,14 @@ class Controller:
         """Draft lengths for sequences verified in one decode of `batch` sequences (default: the
         candidates; others there take one token each). Drafts are added in order of what each adds
         (a^j for the j-th of a sequence), and the step keeps the number that gives the most
-        expected tokens per second, if that beats plain decoding."""
+        expected tokens per second, if that beats plain decoding by MIN_GAIN."""
         batch = max(batch or len(cands), 1)
         c = self.costs.c_verify
         plain = batch / c(batch)
         alphas = [self.alpha(x.key, x.seq) for x in cands]
         limits = [min(x.k_max, self.trusted(x.seq)) if x.seq is not None else x.k_max for x in cands]
         ks = [0] * len(cands)
-        best_rate, best_ks = plain, list(ks)
+        best_rate, best_ks = plain * MIN_GAIN, list(ks)
         heap = [(-a, i) for i, (a, lim) in enumerate(zip(alphas, limits)) if lim > 0 and a > 0]
         heapq.heapify(heap)
         tokens, spent, total = float(batch), 0.0, 0
@@ -190,8 +194,8 @@ class Controller:
                 best_rate, best_ks = rate, list(ks)
             if ks[i] < limits[i]:
                 heapq.heappush(heap, (neg * alphas[i], i))
-        gain = best_rate / plain
         drafts = sum(best_ks)
+        gain = best_rate / plain if drafts else 1.0
         cost = c(batch + drafts) + sum(k * x.draft_cost for x, k in zip(cands, best_ks))
         choices = []
         for x, a, k, limit in zip(cands, alphas, best_ks, limits):
