@@ -1,11 +1,14 @@
 #!/usr/bin/env python3
 """The server under load, side by side with llama-server built from the same llama.cpp sources.
 
-    python scripts/serve_bench.py [--preset coder-1.5b] [--tokens 128] [--rounds 2] [--json]
+    python scripts/serve_bench.py [--preset coder-1.5b] [--tokens 128] [--rounds 2] [--workload W] [--json]
 
 Both servers (`specdeck serve --parallel 4`, `llama-server -np 4`, same models, context and
 threads) run at once, and measurements alternate between them: aggregate generated tokens/s with
-1, 2 and 4 concurrent clients (greedy, --tokens each, distinct prompts). Each ratio is taken per
+1, 2 and 4 concurrent clients (greedy, --tokens each). Workloads: `helpers` (default) gives each
+client its own short code prompt and `ignore_eos`; `coding` sends the speed issue's four prompts
+(code completion, code edit, code question, prose; chat rendered with the model's template) to
+n clients at a time, each answer ending at its end or at --tokens. Each ratio is taken per
 round (the two servers measured back to back, who goes first alternating), then the median of the
 rounds with its min and max. Then time to first token for a ~2.6K-token prompt sent cold and then
 again (the prompt cache). Loopback only; bounded counts; stops by itself.
@@ -38,8 +41,8 @@ from app.verify import CODE_EDIT_MODULE  # noqa: E402
 DRAFTS: dict[str, list[int]] = {}  # url -> [drafted, accepted] over the timed requests (specdeck's timings)
 
 
-def complete(url: str, prompt: str, tokens: int) -> int:
-    body = {"prompt": prompt, "max_tokens": tokens, "temperature": 0, "ignore_eos": True}
+def complete(url: str, prompt: str, tokens: int, ignore_eos: bool = True) -> int:
+    body = {"prompt": prompt, "max_tokens": tokens, "temperature": 0, "ignore_eos": ignore_eos}
     r = httpx.post(url + "/v1/completions", json=body, timeout=600).json()
     t = r.get("timings") or {}
     totals = DRAFTS.setdefault(url, [0, 0])
@@ -48,12 +51,32 @@ def complete(url: str, prompt: str, tokens: int) -> int:
     return int(r["usage"]["completion_tokens"])
 
 
-def aggregate(url: str, streams: int, tokens: int) -> float:
-    """Generated tokens per second over all clients, each sending one request at the same time."""
-    prompts = [f"# file {i}\n# a small utility, number {i}\ndef helper_{i}(values):\n" for i in range(streams)]
+def helper_prompts(streams: int) -> list[str]:
+    return [f"# file {i}\n# a small utility, number {i}\ndef helper_{i}(values):\n" for i in range(streams)]
+
+
+def coding_prompts(target: Path) -> list[str]:
+    """The speed issue's four prompts as text: chat messages rendered with the model's own template,
+    sent to both servers as the same raw prompt (llama-server's own chat formatting may differ)."""
+    from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+    from app.gguf_info import read_model_info
+    from app.verify import BUILTIN_PROMPTS
+
+    vocab = read_model_info(target).vocab
+    name = lambda i: vocab.tokens[i] if i is not None else ""  # noqa: E731
+    fmt = Jinja2ChatFormatter(vocab.chat_template, name(vocab.eos_id), name(vocab.bos_id))
+    return [item["prompt"] if "prompt" in item else fmt(messages=item["messages"]).prompt for item in BUILTIN_PROMPTS]
+
+
+def aggregate(url: str, streams: int, tokens: int, prompts: list[str] | None = None) -> float:
+    """Generated tokens per second over all requests, `streams` of them at a time: by default one
+    short code prompt per client with ignore_eos; given prompts, each answered to its end."""
+    ignore_eos = prompts is None
+    prompts = helper_prompts(streams) if prompts is None else prompts
     t = time.perf_counter()
     with concurrent.futures.ThreadPoolExecutor(streams) as pool:
-        counts = list(pool.map(lambda p: complete(url, p, tokens), prompts))
+        counts = list(pool.map(lambda p: complete(url, p, tokens, ignore_eos), prompts))
     return sum(counts) / (time.perf_counter() - t)
 
 
@@ -90,6 +113,7 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=2, help="rounds of 1/2/4 streams per server, interleaved (median)")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 2)
     ap.add_argument("--specdeck-arg", action="append", default=[], help="extra flag for specdeck serve (repeatable)")
+    ap.add_argument("--workload", choices=["helpers", "coding"], default="helpers")
     ap.add_argument("--no-ttft", action="store_true", help="skip the long-prompt TTFT check")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
@@ -98,6 +122,7 @@ def main() -> int:
     fetcher = Fetcher(paths(), hub_settings(), __import__("rich.console").console.Console(quiet=True))
     target = fetcher.existing(catalog.model(preset.target)).path
     long_prompt = ("# Review this module.\n" + CODE_EDIT_MODULE) * 8  # ~2.6K tokens
+    prompts = coding_prompts(target) if args.workload == "coding" else None
     commands = {"specdeck": lambda port: [sys.executable, "-m", "app.cli", "serve", args.preset, "--port", str(port),
                                           "--parallel", "4", "--ctx", "16384", "--threads", str(args.threads)] + args.specdeck_arg}
     server = find_llama_server()
@@ -113,13 +138,13 @@ def main() -> int:
             running[name] = start(command)
         samples: dict = {name: {n: [] for n in (1, 2, 4)} for name in running}
         for url, _proc in running.values():  # both evaluate the bench prompts once (their prompt caches)
-            aggregate(url, 4, 1)
+            aggregate(url, 4, 1, prompts)
         DRAFTS.clear()
         order = list(running)
         for _ in range(args.rounds):
             for n in (1, 2, 4):
                 for name in order:
-                    samples[name][n].append(aggregate(running[name][0], n, args.tokens))
+                    samples[name][n].append(aggregate(running[name][0], n, args.tokens, prompts))
             order.reverse()  # ABBA: who goes first alternates, so a drift falls on both sides
         results = {}
         for name, (url, _proc) in running.items():

@@ -106,6 +106,41 @@ def test_speculation_per_request_and_timings(tiny_server):
     assert again["timings"]["prompt_cached"] > 0  # the slot's prefix was reused
 
 
+def test_slot_choice_keeps_each_prompts_cache():
+    """Prompts that share nothing go to an empty slot, then to the one used longest ago: two prompts
+    sent in turn each find their own cache. A slot is reused when it gives more than it throws away,
+    or half of a longer prompt (an edited file); a short common prefix does not evict a long cache."""
+    from app.engine.engine import Slot
+    from app.server.scheduler import pick_slot
+
+    a, b, c = Slot(0), Slot(1), Slot(2)
+    edit, question = list(range(100, 500)), [1, 2, 3] + list(range(600, 640))
+    assert pick_slot([a, b, c], edit, {}) is a
+    a.cached = edit + list(range(900, 1000))  # the prompt and its answer
+    assert pick_slot([a, b, c], question, {}) is b  # an empty slot, not the edit's
+    b.cached = question + [7] * 20
+    assert pick_slot([a, b, c], edit, {}) is a and pick_slot([a, b, c], question, {}) is b
+    c.cached = [1, 2, 3, 9, 9]
+    assert pick_slot([a, b], [5, 6], {0: 10.0, 1: 5.0}) is b  # none gives anything: the oldest
+    assert pick_slot([a, b, c], edit[:300] + [8] * 50, {}) is a  # an edit at the end: most of it is cached
+    recent = {0: 9.0, 2: 1.0}  # a was used last
+    assert pick_slot([a, c], edit[:20] + [4] * 10, recent) is c  # a system prompt's worth in common: a stays
+    assert pick_slot([a, c], edit[:200] + [8] * 150, recent) is a  # the same file, edited: most of it is cached
+    assert pick_slot([a, c], edit[:40] + [8] * 100, recent) is c  # under half of a prompt: a stays
+
+
+def test_two_prompts_in_turn_are_each_served_from_cache(tiny_server):
+    """On the server: a completion prompt and a different one alternate; each is cached the second time."""
+    url = tiny_server.url + "/v1/completions"
+    bodies = [{"prompt": "a b c the def " * 6, "max_tokens": 4, "temperature": 0},
+              {"prompt": "x y z " * 8, "max_tokens": 4, "temperature": 0}]
+    for body in bodies:
+        httpx.post(url, json=body, timeout=60).raise_for_status()
+    for body in bodies:
+        r = httpx.post(url, json=body, timeout=60).json()
+        assert r["timings"]["prompt_cached"] >= r["usage"]["prompt_tokens"] - 1, r["timings"]
+
+
 def test_queue_limit_and_disconnect(tiny_server):
     url = tiny_server.url + "/v1/completions"
     body = {"prompt": "a b c", "max_tokens": 400, "temperature": 0, "speculative": {"enabled": False}}

@@ -1,7 +1,8 @@
 """One worker thread owns the engine. HTTP handlers only enqueue jobs and read their events.
 
-Each loop: take queued jobs into free slots (the free slot whose cache shares the longest prefix
-with the prompt, so coding tools that resend the same file reuse it), then run one batched step for
+Each loop: take queued jobs into free slots (`pick_slot`: the one whose cache gives the most of the
+prompt, so coding tools that resend the same file reuse it; else the one used longest ago, so the
+caches of other recent prompts stay for their next turn), then run one batched step for
 every active slot, then hand each slot's step record to its job. A cancelled job (client gone, stop
 string seen, time limit) frees its slot at the next step boundary, where the cache is consistent.
 """
@@ -24,6 +25,22 @@ from ..llama_ctx import DecodeError
 
 class QueueFull(SpecdeckError):
     pass
+
+
+def pick_slot(free: list[Slot], prompt: list[int], last_used: dict[int, float], min_shared: int = 32) -> Slot:
+    """The free slot for a prompt. A slot's cache is taken when it gives more of the prompt than it
+    throws away (its tokens after the shared prefix), or at least half of a prompt that is not short
+    (an edited file); of those, the one that gives most. Otherwise an empty slot, else the one used
+    longest ago: an editor's completions and its chat each keep their cache, and a common system
+    prompt alone does not evict a long conversation."""
+    def worth(s: Slot, n: int) -> bool:
+        return n > len(s.cached) - n or (n >= min_shared and 2 * n >= len(prompt))
+
+    shared = [(common_prefix(s.cached, prompt), s) for s in free]
+    good = [(n, s) for n, s in shared if n and worth(s, n)]
+    if good:
+        return max(good, key=lambda x: x[0])[1]
+    return min(free, key=lambda s: (len(s.cached) > 0, last_used.get(s.id, 0.0)))
 
 
 @dataclass
@@ -71,6 +88,7 @@ class Scheduler:
         self.on_step = on_step or (lambda rec: None)
         self.on_done = on_done or (lambda job, rec: None)
         self.recent: collections.deque[tuple[float, int]] = collections.deque(maxlen=512)  # (time, tokens)
+        self.last_used: dict[int, float] = {}  # slot id -> when its last request ended
 
     # -- API for handlers ------------------------------------------------------------------
 
@@ -129,7 +147,7 @@ class Scheduler:
                 job = self.queue.popleft()
             if job.cancelled.is_set():
                 continue
-            slot = max(free, key=lambda s: common_prefix(s.cached, job.request.prompt))
+            slot = pick_slot(free, job.request.prompt, self.last_used)
             try:
                 rec = self.engine.start(slot, job.request)
             except PoolBusy as e:
@@ -163,6 +181,7 @@ class Scheduler:
         slot.record.t_generate = time.perf_counter() - job.t_first
         record = self.engine.finish(slot, reason)
         self.active.pop(slot.id, None)
+        self.last_used[slot.id] = time.monotonic()
         self.on_done(job, record)
         job.send(Done(record))
 
