@@ -5,10 +5,10 @@
 
 Both servers (`specdeck serve --parallel 4`, `llama-server -np 4`, same models, context and
 threads) run at once, and measurements alternate between them: aggregate generated tokens/s with
-1, 2 and 4 concurrent clients (greedy, --tokens each). Workloads: `helpers` (default) gives each
-client its own short code prompt and `ignore_eos`; `coding` sends the speed issue's four prompts
-(code completion, code edit, code question, prose; chat rendered with the model's template) to
-n clients at a time, each answer ending at its end or at --tokens. Each ratio is taken per
+1, 2 and 4 concurrent clients (greedy, --tokens each, `ignore_eos`, so both servers generate the
+same count). Workloads: `helpers` (default) gives each client its own short code prompt; `coding`
+sends the speed issue's four prompts (code completion, code edit, code question, prose; chat
+rendered with the model's template) n at a time. Each ratio is taken per
 round (the two servers measured back to back, who goes first alternating), then the median of the
 rounds with its min and max. Then time to first token for a ~2.6K-token prompt sent cold and then
 again (the prompt cache). Loopback only; bounded counts; stops by itself.
@@ -41,8 +41,8 @@ from app.verify import CODE_EDIT_MODULE  # noqa: E402
 DRAFTS: dict[str, list[int]] = {}  # url -> [drafted, accepted] over the timed requests (specdeck's timings)
 
 
-def complete(url: str, prompt: str, tokens: int, ignore_eos: bool = True) -> int:
-    body = {"prompt": prompt, "max_tokens": tokens, "temperature": 0, "ignore_eos": ignore_eos}
+def complete(url: str, prompt: str, tokens: int) -> int:
+    body = {"prompt": prompt, "max_tokens": tokens, "temperature": 0, "ignore_eos": True}
     r = httpx.post(url + "/v1/completions", json=body, timeout=600).json()
     t = r.get("timings") or {}
     totals = DRAFTS.setdefault(url, [0, 0])
@@ -70,13 +70,12 @@ def coding_prompts(target: Path) -> list[str]:
 
 
 def aggregate(url: str, streams: int, tokens: int, prompts: list[str] | None = None) -> float:
-    """Generated tokens per second over all requests, `streams` of them at a time: by default one
-    short code prompt per client with ignore_eos; given prompts, each answered to its end."""
-    ignore_eos = prompts is None
+    """Generated tokens per second over all requests, `streams` of them at a time (by default one
+    short code prompt per client)."""
     prompts = helper_prompts(streams) if prompts is None else prompts
     t = time.perf_counter()
     with concurrent.futures.ThreadPoolExecutor(streams) as pool:
-        counts = list(pool.map(lambda p: complete(url, p, tokens, ignore_eos), prompts))
+        counts = list(pool.map(lambda p: complete(url, p, tokens), prompts))
     return sum(counts) / (time.perf_counter() - t)
 
 

@@ -107,26 +107,28 @@ def test_speculation_per_request_and_timings(tiny_server):
 
 
 def test_slot_choice_keeps_each_prompts_cache():
-    """Prompts that share nothing go to an empty slot, then to the one used longest ago: two prompts
-    sent in turn each find their own cache. A slot is reused when it gives more than it throws away,
-    or half of a longer prompt (an edited file); a short common prefix does not evict a long cache."""
+    """Prompts that share nothing go to an empty slot, then to the one used longest ago: prompts sent
+    in turn each find their own cache. A slot is taken when its cache holds all of the prompt it last
+    served, or half of a longer prompt; a system prompt in common does not evict another's cache."""
     from app.engine.engine import Slot
-    from app.server.scheduler import pick_slot
+    from app.server.scheduler import SlotUse, pick_slot
 
     a, b, c = Slot(0), Slot(1), Slot(2)
-    edit, question = list(range(100, 500)), [1, 2, 3] + list(range(600, 640))
+    edit, question = list(range(100, 500)), list(range(100, 120)) + list(range(600, 620))
     assert pick_slot([a, b, c], edit, {}) is a
     a.cached = edit + list(range(900, 1000))  # the prompt and its answer
-    assert pick_slot([a, b, c], question, {}) is b  # an empty slot, not the edit's
-    b.cached = question + [7] * 20
-    assert pick_slot([a, b, c], edit, {}) is a and pick_slot([a, b, c], question, {}) is b
-    c.cached = [1, 2, 3, 9, 9]
-    assert pick_slot([a, b], [5, 6], {0: 10.0, 1: 5.0}) is b  # none gives anything: the oldest
-    assert pick_slot([a, b, c], edit[:300] + [8] * 50, {}) is a  # an edit at the end: most of it is cached
-    recent = {0: 9.0, 2: 1.0}  # a was used last
-    assert pick_slot([a, c], edit[:20] + [4] * 10, recent) is c  # a system prompt's worth in common: a stays
-    assert pick_slot([a, c], edit[:200] + [8] * 150, recent) is a  # the same file, edited: most of it is cached
-    assert pick_slot([a, c], edit[:40] + [8] * 100, recent) is c  # under half of a prompt: a stays
+    uses = {0: SlotUse(len(edit), 9.0)}
+    assert pick_slot([a, b, c], question, uses) is b  # 20 tokens in common: an empty slot, not the edit's
+    short = list(range(100, 120)) + list(range(700, 710))  # a short prompt: the shared 20 are over half of it
+    assert pick_slot([a, c], short, uses) is c
+    b.cached, uses[1] = question + [7] * 200, SlotUse(len(question), 5.0)  # a short prompt, a long answer
+    assert pick_slot([a, b, c], edit, uses) is a and pick_slot([a, b, c], question, uses) is b
+    c.cached, uses[2] = [1, 2, 3, 9, 9], SlotUse(5, 1.0)
+    assert pick_slot([a, b], [5, 6], uses) is b  # none holds anything of it: the one used longest ago
+    assert pick_slot([a, b, c], [5, 6], uses) is c
+    assert pick_slot([a, c], edit[:250] + [8] * 100, uses) is a  # the same file edited past its middle
+    assert pick_slot([a, c], edit[:150] + [8] * 200, uses) is c  # edited before it: a's cache stays
+    assert pick_slot([a, c], a.cached + [5, 5, 5], uses) is a  # the conversation goes on
 
 
 def test_two_prompts_in_turn_are_each_served_from_cache(tiny_server):

@@ -27,20 +27,30 @@ class QueueFull(SpecdeckError):
     pass
 
 
-def pick_slot(free: list[Slot], prompt: list[int], last_used: dict[int, float], min_shared: int = 32) -> Slot:
-    """The free slot for a prompt. A slot's cache is taken when it gives more of the prompt than it
-    throws away (its tokens after the shared prefix), or at least half of a prompt that is not short
-    (an edited file); of those, the one that gives most. Otherwise an empty slot, else the one used
-    longest ago: an editor's completions and its chat each keep their cache, and a common system
-    prompt alone does not evict a long conversation."""
-    def worth(s: Slot, n: int) -> bool:
-        return n > len(s.cached) - n or (n >= min_shared and 2 * n >= len(prompt))
+@dataclass
+class SlotUse:
+    """What a slot last served: its prompt's length (its cache holds that prompt, then the answer)."""
 
-    shared = [(common_prefix(s.cached, prompt), s) for s in free]
-    good = [(n, s) for n, s in shared if n and worth(s, n)]
-    if good:
-        return max(good, key=lambda x: x[0])[1]
-    return min(free, key=lambda s: (len(s.cached) > 0, last_used.get(s.id, 0.0)))
+    prompt_len: int = 0
+    ended: float = 0.0
+
+
+def pick_slot(free: list[Slot], prompt: list[int], uses: dict[int, SlotUse], min_shared: int = 64) -> Slot:
+    """The free slot for a prompt. A slot's cache is taken when it holds all of the prompt that slot
+    last served (the same prompt resent, a conversation going on), or at least half of this prompt
+    and `min_shared` tokens (a file edited past its middle); of those, the one that holds most.
+    Otherwise an empty slot, else the one used longest ago: an editor's completions and its chat
+    each keep their cache, and a system prompt in common does not evict a conversation. (In a
+    unified cache the engine still shares any long prefix across slots, see Engine._borrow_prefix.)"""
+    def holds(s: Slot) -> int:
+        n = common_prefix(s.cached, prompt)
+        served = uses[s.id].prompt_len if s.id in uses else len(s.cached)
+        return n if n and (n >= served or (2 * n >= len(prompt) and n >= min_shared)) else 0
+
+    best = max(free, key=holds)
+    if holds(best):
+        return best
+    return min(free, key=lambda s: (len(s.cached) > 0, uses[s.id].ended if s.id in uses else 0.0))
 
 
 @dataclass
@@ -88,7 +98,7 @@ class Scheduler:
         self.on_step = on_step or (lambda rec: None)
         self.on_done = on_done or (lambda job, rec: None)
         self.recent: collections.deque[tuple[float, int]] = collections.deque(maxlen=512)  # (time, tokens)
-        self.last_used: dict[int, float] = {}  # slot id -> when its last request ended
+        self.uses: dict[int, SlotUse] = {}  # slot id -> what it last served
 
     # -- API for handlers ------------------------------------------------------------------
 
@@ -147,7 +157,7 @@ class Scheduler:
                 job = self.queue.popleft()
             if job.cancelled.is_set():
                 continue
-            slot = pick_slot(free, job.request.prompt, self.last_used)
+            slot = pick_slot(free, job.request.prompt, self.uses)
             try:
                 rec = self.engine.start(slot, job.request)
             except PoolBusy as e:
@@ -163,6 +173,7 @@ class Scheduler:
                 job.send(Failed(f"{type(e).__name__}: {e}"))
                 continue
             job.slot = slot
+            self.uses[slot.id] = SlotUse(len(job.request.prompt))
             job.t_first = time.perf_counter()
             self.active[slot.id] = job
             self._deliver(job, rec)
@@ -181,7 +192,7 @@ class Scheduler:
         slot.record.t_generate = time.perf_counter() - job.t_first
         record = self.engine.finish(slot, reason)
         self.active.pop(slot.id, None)
-        self.last_used[slot.id] = time.monotonic()
+        self.uses.setdefault(slot.id, SlotUse()).ended = time.monotonic()
         self.on_done(job, record)
         job.send(Done(record))
 
