@@ -65,9 +65,10 @@ class CostModel:
 
     verify: dict[int, float] = field(default_factory=dict)
     draft: float | None = None
+    _known: list[int] = field(init=False, repr=False, compare=False)  # sorted sizes (c_verify runs often)
 
     def __post_init__(self) -> None:
-        self._known = sorted(self.verify)  # the sizes measured (c_verify runs many times a step)
+        self._known = sorted(self.verify)
 
     def c_verify(self, n: int) -> float:
         v = self.verify

@@ -276,19 +276,19 @@ class AdaptiveDrafter:
         """One sequence's draft, alone in its verify decode."""
         return self.propose_all([Ask(seq, history, k, sampling, rng)])[0]
 
-    def propose_all(self, asks: Sequence[Ask], batch: int | None = None) -> list[Draft]:
+    def propose_all(self, asks: Sequence[Ask]) -> list[Draft]:
         """Drafts for every sequence of one step, their lengths chosen together (they share one
         verify decode): lookup where it has a match, the draft model where it has none or where
         lookup's draft would not be taken."""
         found = [self.lookup.lookup(a.seq, a.history, a.k) if self.lookup is not None and a.k > 0 else ([], 0)
                  for a in asks]
         cands = [self._candidate(a, tokens, n) for a, (tokens, n) in zip(asks, found)]
-        choices = self.controller.allocate(cands, batch)
+        choices = self.controller.allocate(cands)
         if self.model is not None:  # where lookup got nothing, would the draft model be taken instead?
             alt = [Candidate(None, "draft-model", a.k, self._model_cost()) if c.key != "draft-model" and ch.k == 0 and a.k > 0
                    else c for a, c, ch in zip(asks, cands, choices)]
             if alt != cands:
-                alt_choices = self.controller.allocate(alt, batch)
+                alt_choices = self.controller.allocate(alt)
                 if max(ch.gain for ch in alt_choices) > max(ch.gain for ch in choices):
                     cands, choices = alt, alt_choices
         return [self._draft(a, x, ch, tokens, n) for a, x, ch, (tokens, n) in zip(asks, cands, choices, found)]
