@@ -111,19 +111,20 @@ def test_slot_choice_keeps_each_prompts_cache():
     in turn each find their own cache. A slot is taken when its cache holds all of the prompt it last
     served, or half of a longer prompt; a system prompt in common does not evict another's cache."""
     from app.engine.engine import Slot
-    from app.server.scheduler import SlotUse, pick_slot
+    from app.engine.records import RequestRecord
+    from app.server.scheduler import pick_slot
 
     a, b, c = Slot(0), Slot(1), Slot(2)
     edit, question = list(range(100, 500)), list(range(100, 120)) + list(range(600, 620))
     assert pick_slot([a, b, c], edit, {}) is a
     a.cached = edit + list(range(900, 1000))  # the prompt and its answer
-    uses = {0: SlotUse(len(edit), 9.0)}
+    a.record, uses = RequestRecord(len(edit)), {0: 9.0}  # uses: when each slot's last request ended
     assert pick_slot([a, b, c], question, uses) is b  # 20 tokens in common: an empty slot, not the edit's
     short = list(range(100, 120)) + list(range(700, 710))  # a short prompt: the shared 20 are over half of it
     assert pick_slot([a, c], short, uses) is c
-    b.cached, uses[1] = question + [7] * 200, SlotUse(len(question), 5.0)  # a short prompt, a long answer
+    b.cached, b.record, uses[1] = question + [7] * 200, RequestRecord(len(question)), 5.0  # a short prompt, a long answer
     assert pick_slot([a, b, c], edit, uses) is a and pick_slot([a, b, c], question, uses) is b
-    c.cached, uses[2] = [1, 2, 3, 9, 9], SlotUse(5, 1.0)
+    c.cached, c.record, uses[2] = [1, 2, 3, 9, 9], RequestRecord(5), 1.0
     assert pick_slot([a, b], [5, 6], uses) is b  # none holds anything of it: the one used longest ago
     assert pick_slot([a, b, c], [5, 6], uses) is c
     assert pick_slot([a, c], edit[:250] + [8] * 100, uses) is a  # the same file edited past its middle

@@ -27,15 +27,7 @@ class QueueFull(SpecdeckError):
     pass
 
 
-@dataclass
-class SlotUse:
-    """What a slot last served: its prompt's length (its cache holds that prompt, then the answer)."""
-
-    prompt_len: int = 0
-    ended: float = 0.0
-
-
-def pick_slot(free: list[Slot], prompt: list[int], uses: dict[int, SlotUse], min_shared: int = 64) -> Slot:
+def pick_slot(free: list[Slot], prompt: list[int], last_used: dict[int, float], min_shared: int = 64) -> Slot:
     """The free slot for a prompt. A slot's cache is taken when it holds all of the prompt that slot
     last served (the same prompt resent, a conversation going on), or at least half of this prompt
     and `min_shared` tokens (a file edited past its middle); of those, the one that holds most.
@@ -44,13 +36,13 @@ def pick_slot(free: list[Slot], prompt: list[int], uses: dict[int, SlotUse], min
     unified cache the engine still shares any long prefix across slots, see Engine._borrow_prefix.)"""
     def holds(s: Slot) -> int:
         n = common_prefix(s.cached, prompt)
-        served = uses[s.id].prompt_len if s.id in uses else len(s.cached)
+        served = s.record.prompt_tokens if s.record is not None else len(s.cached)  # its cache: that prompt, then the answer
         return n if n and (n >= served or (2 * n >= len(prompt) and n >= min_shared)) else 0
 
     best = max(free, key=holds)
     if holds(best):
         return best
-    return min(free, key=lambda s: (len(s.cached) > 0, uses[s.id].ended if s.id in uses else 0.0))
+    return min(free, key=lambda s: (len(s.cached) > 0, last_used.get(s.id, 0.0)))
 
 
 @dataclass
@@ -98,7 +90,7 @@ class Scheduler:
         self.on_step = on_step or (lambda rec: None)
         self.on_done = on_done or (lambda job, rec: None)
         self.recent: collections.deque[tuple[float, int]] = collections.deque(maxlen=512)  # (time, tokens)
-        self.uses: dict[int, SlotUse] = {}  # slot id -> what it last served
+        self.last_used: dict[int, float] = {}  # slot id -> when its last request ended
 
     # -- API for handlers ------------------------------------------------------------------
 
@@ -157,7 +149,7 @@ class Scheduler:
                 job = self.queue.popleft()
             if job.cancelled.is_set():
                 continue
-            slot = pick_slot(free, job.request.prompt, self.uses)
+            slot = pick_slot(free, job.request.prompt, self.last_used)
             try:
                 rec = self.engine.start(slot, job.request)
             except PoolBusy as e:
@@ -173,7 +165,6 @@ class Scheduler:
                 job.send(Failed(f"{type(e).__name__}: {e}"))
                 continue
             job.slot = slot
-            self.uses[slot.id] = SlotUse(len(job.request.prompt))
             job.t_first = time.perf_counter()
             self.active[slot.id] = job
             self._deliver(job, rec)
@@ -192,7 +183,7 @@ class Scheduler:
         slot.record.t_generate = time.perf_counter() - job.t_first
         record = self.engine.finish(slot, reason)
         self.active.pop(slot.id, None)
-        self.uses.setdefault(slot.id, SlotUse()).ended = time.monotonic()
+        self.last_used[slot.id] = time.monotonic()
         self.on_done(job, record)
         job.send(Done(record))
 
