@@ -170,15 +170,19 @@ class Controller:
         return self.allocate([Candidate(seq, key, k_max, draft_cost)], batch)[0]
 
     def allocate(self, cands: Sequence[Candidate], batch: int | None = None) -> list[Choice]:
+        """`plan` the step, then now and then probe a sequence that would not draft."""
+        return self.probe_idle(cands, self.plan(cands, batch))
+
+    def plan(self, cands: Sequence[Candidate], batch: int | None = None) -> list[Choice]:
         """Draft lengths for sequences verified in one decode of `batch` sequences (default: the
         candidates; others there take one token each). Drafts are added in order of what each adds
         (a^j for the j-th of a sequence), and the step keeps the number that gives the most
-        expected tokens per second, if that beats plain decoding by MIN_GAIN."""
+        expected tokens per second, if that beats plain decoding by MIN_GAIN. Changes nothing."""
         batch = max(batch or len(cands), 1)
         c = self.costs.c_verify
         plain = batch / c(batch)
         alphas = [self.alpha(x.key, x.seq) for x in cands]
-        limits = [min(x.k_max, self.trusted(x.seq)) if x.seq is not None else x.k_max for x in cands]
+        limits = [self._limit(x) for x in cands]
         ks = [0] * len(cands)
         best_rate, best_ks = plain * MIN_GAIN, list(ks)
         heap = [(-a, i) for i, (a, lim) in enumerate(zip(alphas, limits)) if lim > 0 and a > 0]
@@ -199,32 +203,36 @@ class Controller:
         gain = best_rate / plain if drafts else 1.0
         cost = c(batch + drafts) + sum(k * x.draft_cost for x, k in zip(cands, best_ks))
         choices = []
-        for x, a, k, limit in zip(cands, alphas, best_ks, limits):
+        for x, a, k in zip(cands, alphas, best_ks):
             if k:
-                self._idle[x.key] = 0
                 shared = f" in a batch of {batch}" + (f", {drafts} drafts in all" if drafts > k else "") if batch > 1 else ""
                 e = expected_tokens(k, a)
                 choices.append(Choice(k, a, e, cost, gain, f"{x.key}: a={a:.2f}, {e:.2f} tokens per {cost * 1e3:.1f} ms{shared}"))
             else:
-                choices.append(self._probe_or_plain(x, a, limit, c(batch)))
+                choices.append(Choice(0, a, 1.0, c(batch), 1.0, "plain decoding is fastest"))
         return choices
 
-    def _probe_or_plain(self, x: Candidate, a: float, k_max: int, plain_cost: float) -> Choice:
-        """No draft for this sequence: but now and then try two tokens, so a changed acceptance is
-        noticed (only where drafting could pay at all)."""
-        plain = Choice(0, a, 1.0, plain_cost, 1.0, "plain decoding is fastest")
-        if k_max <= 0:  # nothing to draft from (or speculation off for this request)
-            return plain
-        if not self._could_pay(k_max, x.draft_cost):
-            self._idle[x.key] = 0
-            return plain
-        idle = self._idle.get(x.key, 0) + 1
-        self._idle[x.key] = idle
-        if idle < self.probe_every:
-            return plain
-        self._idle[x.key] = 0
-        k = min(2, k_max)
-        return Choice(k, a, expected_tokens(k, a), k * x.draft_cost + self.costs.c_verify(k + 1), 0.0, f"{x.key}: probe")
+    def _limit(self, x: Candidate) -> int:
+        return min(x.k_max, self.trusted(x.seq)) if x.seq is not None else x.k_max
+
+    def probe_idle(self, cands: Sequence[Candidate], choices: list[Choice]) -> list[Choice]:
+        """The step's final choices, where a drafter that has not drafted for `probe_every` steps
+        tries two tokens, so a changed acceptance is noticed (only where drafting could pay at all).
+        Call once per step: it counts the idle steps."""
+        out = []
+        for x, ch in zip(cands, choices):
+            k_max = self._limit(x)
+            if ch.k or (k_max > 0 and not self._could_pay(k_max, x.draft_cost)):
+                self._idle[x.key] = 0
+            elif k_max > 0:  # k_max 0: nothing to draft from, or speculation off for this request
+                self._idle[x.key] = self._idle.get(x.key, 0) + 1
+                if self._idle[x.key] >= self.probe_every:
+                    self._idle[x.key] = 0
+                    k = min(2, k_max)
+                    ch = Choice(k, ch.alpha, expected_tokens(k, ch.alpha),
+                                k * x.draft_cost + self.costs.c_verify(k + 1), 0.0, f"{x.key}: probe")
+            out.append(ch)
+        return out
 
     def _could_pay(self, k_max: int, draft_cost: float, a: float = OPTIMISTIC_ALPHA) -> bool:
         plain = 1.0 / self.costs.c_verify(1)

@@ -283,14 +283,15 @@ class AdaptiveDrafter:
         found = [self.lookup.lookup(a.seq, a.history, a.k) if self.lookup is not None and a.k > 0 else ([], 0)
                  for a in asks]
         cands = [self._candidate(a, tokens, n) for a, (tokens, n) in zip(asks, found)]
-        choices = self.controller.allocate(cands)
+        choices = self.controller.plan(cands)
         if self.model is not None:  # where lookup got nothing, would the draft model be taken instead?
             alt = [Candidate(None, "draft-model", a.k, self._model_cost()) if c.key != "draft-model" and ch.k == 0 and a.k > 0
                    else c for a, c, ch in zip(asks, cands, choices)]
             if alt != cands:
-                alt_choices = self.controller.allocate(alt)
+                alt_choices = self.controller.plan(alt)
                 if max(ch.gain for ch in alt_choices) > max(ch.gain for ch in choices):
                     cands, choices = alt, alt_choices
+        choices = self.controller.probe_idle(cands, choices)
         return [self._draft(a, x, ch, tokens, n) for a, x, ch, (tokens, n) in zip(asks, cands, choices, found)]
 
     def _model_cost(self) -> float:
