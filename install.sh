@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
 # specdeck installer: a virtual environment with specdeck and llama-cpp-python in it.
 #
-#   bash install.sh            install (CUDA build of llama-cpp-python where an NVIDIA GPU and
-#                              the CUDA toolkit are present, CPU build otherwise)
+#   bash install.sh            install (CUDA build of llama-cpp-python where nvidia-smi sees a GPU,
+#                              with the CUDA toolkit from PyPI if no nvcc is installed; CPU build
+#                              otherwise). The build must pass a smoke decode before this says done:
+#                              one that dies by a signal (SIGILL) is rebuilt without AMX, then as a
+#                              portable AVX2 build (see app/build/ladder.py)
 #   bash install.sh --test     also install the test extras
 #   options: --cpu | --cuda    force the llama-cpp-python build
+#            --rebuild         forget cached wheels and remembered failures for this CPU
 #            --venv DIR        where the environment goes (default: .venv next to this script)
 #            --pull [PRESET]   then pull, check and plan the preset (default: the one for this machine)
 #            --service         then install systemd/specdeck.service (needs root): a 'specdeck' system
@@ -24,6 +28,10 @@ PRESET=""
 SERVICE=""
 DRY_RUN=""
 LLAMA_VERSION="0.3.36"
+REBUILD=""
+# The CUDA toolkit taken from PyPI where a GPU has a driver but no nvcc (pinned, CUDA 12.9).
+CUDA_PYPI_LINE="12.9"
+CUDA_PYPI_PINS="nvidia-cuda-nvcc-cu12==12.9.86 nvidia-cuda-runtime-cu12==12.9.79 nvidia-cublas-cu12==12.9.3.13 nvidia-cuda-cccl-cu12==12.9.27"
 STEP="start"
 
 say()  { printf '\033[1m==> %s\033[0m\n' "$*"; }
@@ -35,11 +43,12 @@ while [ $# -gt 0 ]; do
     --test) EXTRAS="[test]" ;;
     --cpu) BUILD="cpu" ;;
     --cuda) BUILD="cuda" ;;
+    --rebuild) REBUILD="--rebuild" ;;
     --venv) shift; [ $# -gt 0 ] || die "--venv needs a directory"; VENV="$1" ;;
     --pull) PULL=1; if [ $# -gt 1 ] && [ "${2#-}" = "$2" ]; then shift; PRESET="$1"; fi ;;
     --service) SERVICE=1 ;;
     --dry-run) DRY_RUN=1 ;;
-    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
     *) die "unknown option '$1' (see --help)" ;;
   esac
   shift
@@ -124,47 +133,61 @@ VPY="$VENV/bin/python"
 "$VPY" -m pip install --quiet --upgrade pip
 
 STEP="choose the llama-cpp-python build"
-has_cuda() {
-  command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 || return 1
-  command -v nvcc >/dev/null 2>&1 || [ -x "${CUDA_HOME:-/usr/local/cuda}/bin/nvcc" ] || return 1
+has_gpu() { command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; }
+find_nvcc() {
+  if command -v nvcc >/dev/null 2>&1; then command -v nvcc; return 0; fi
+  if [ -x "${CUDA_HOME:-/usr/local/cuda}/bin/nvcc" ]; then echo "${CUDA_HOME:-/usr/local/cuda}/bin/nvcc"; return 0; fi
+  return 1
 }
 if [ "$BUILD" = "auto" ]; then
-  if has_cuda; then BUILD="cuda"; else BUILD="cpu"; fi
+  if has_gpu; then BUILD="cuda"; else BUILD="cpu"; fi
 fi
+CUDA_ARCH="${CUDA_ARCH:-}"
 if [ "$BUILD" = "cuda" ]; then
-  has_cuda || die "--cuda asked for, but no working nvidia-smi and nvcc (CUDA toolkit) were found"
-  say "llama-cpp-python: CUDA build (GPU: $(nvidia-smi -L | head -n 1))"
+  has_gpu || [ -n "$CUDA_ARCH" ] || die "--cuda asked for, but nvidia-smi sees no GPU (set CUDA_ARCH, e.g. CUDA_ARCH=86, to build for a card that is not here)"
+  if NVCC="$(find_nvcc)"; then
+    say "CUDA toolkit: $NVCC ($("$NVCC" --version | tail -n 1))"
+  else
+    STEP="install the CUDA toolkit from PyPI"
+    say "no nvcc on this machine: taking the CUDA $CUDA_PYPI_LINE toolkit from PyPI into $VENV/cuda"
+    "$VPY" -m pip install --quiet $CUDA_PYPI_PINS
+    NVCC="$(bash "$HERE/scripts/cuda_toolkit_root.sh" "$VPY" "$VENV/cuda")"
+    say "CUDA toolkit: $NVCC (PyPI: $CUDA_PYPI_PINS)"
+  fi
+  export CUDACXX="$NVCC" CUDA_HOME="$(dirname "$(dirname "$NVCC")")" CUDAToolkit_ROOT="$(dirname "$(dirname "$NVCC")")"
+  if [ -z "$CUDA_ARCH" ]; then
+    CUDA_ARCH="$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -n 1 | tr -d ' .')"
+    [ -n "$CUDA_ARCH" ] || die "could not read the GPU's compute capability with nvidia-smi (set CUDA_ARCH, e.g. CUDA_ARCH=86)"
+  fi
+  say "llama-cpp-python: CUDA build for sm_$CUDA_ARCH (GPU: $(nvidia-smi -L 2>/dev/null | head -n 1 || echo 'none here'))"
 else
-  say "llama-cpp-python: CPU build$(command -v nvidia-smi >/dev/null 2>&1 && echo ' (a GPU is present but no CUDA toolkit: install nvcc for a CUDA build)')"
+  say "llama-cpp-python: CPU build"
 fi
 
-STEP="install llama-cpp-python $LLAMA_VERSION ($BUILD)"
-installed_build() {
-  "$VPY" - <<'PY' 2>/dev/null || echo none
-import llama_cpp
-print(("cuda" if llama_cpp.llama_supports_gpu_offload() else "cpu") + " " + llama_cpp.__version__)
-PY
-}
-if [ "$(installed_build)" = "$BUILD $LLAMA_VERSION" ]; then
-  say "llama-cpp-python $LLAMA_VERSION ($BUILD) already installed"
-else
-  if [ "$BUILD" = "cuda" ]; then
-    say "compiling llama-cpp-python with CUDA (10-30 minutes)"
-    CMAKE_ARGS="-DGGML_CUDA=on ${CMAKE_ARGS:-}" FORCE_CMAKE=1 \
-      "$VPY" -m pip install --no-cache-dir --force-reinstall --no-deps "llama-cpp-python==$LLAMA_VERSION"
-  else
-    say "installing llama-cpp-python (compiles from source the first time, ~6 minutes on 2 cores; pip caches the wheel)"
-    "$VPY" -m pip install "llama-cpp-python==$LLAMA_VERSION"
-  fi
-fi
+STEP="install numpy and gguf (the smoke decode writes its test model with them)"
+"$VPY" -m pip install --quiet "numpy>=1.26" "gguf==0.19.0"
+
+STEP="build llama-cpp-python $LLAMA_VERSION ($BUILD) and prove it decodes on this machine"
+GPU_SMOKE=""
+has_gpu || GPU_SMOKE="--no-gpu-smoke"
+PYTHONPATH="$HERE" "$VPY" -m app.build.ladder --python "$VPY" --kind "$BUILD" \
+  ${CUDA_ARCH:+--cuda-arch "$CUDA_ARCH"} $GPU_SMOKE $REBUILD
 
 STEP="install specdeck"
 say "installing specdeck$EXTRAS into $VENV"
 "$VPY" -m pip install --quiet -e "$HERE$EXTRAS"
 
 STEP="check the installation"
+installed_build() {
+  "$VPY" - <<'PY' 2>/dev/null || echo none
+import json, sys, llama_cpp
+from pathlib import Path
+rec = json.loads((Path(sys.prefix) / "specdeck-build.json").read_text())
+print(("cuda" if llama_cpp.llama_supports_gpu_offload() else "cpu") + " " + llama_cpp.__version__ + " " + rec["rung"])
+PY
+}
 "$VENV/bin/specdeck" --version >/dev/null
-say "done: $(installed_build) · run $VENV/bin/specdeck --help"
+say "done: $(installed_build) · run $VENV/bin/specdeck doctor, then $VENV/bin/specdeck --help"
 
 if [ -n "$PULL" ] && [ -z "$SERVICE" ]; then
   STEP="pull, check and plan ${PRESET:-the default preset}"
