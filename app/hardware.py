@@ -1,4 +1,5 @@
-"""What this machine has: NVIDIA GPUs (pynvml, from nvidia-ml-py) and host memory (psutil)."""
+"""What this machine has: NVIDIA GPUs (pynvml, from nvidia-ml-py), host memory (psutil), and the
+extra weight buffers its llama.cpp build makes (read from the build)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,9 @@ class Gpu:
     total: int
     free: int
     utilization: int | None  # percent
+    temperature_c: int | None = None
+    power_limit_w: float | None = None
+    compute_capability: str | None = None  # "8.6"
 
 
 @dataclass(frozen=True)
@@ -25,6 +29,7 @@ class Hardware:
     ram_total: int
     ram_available: int
     cpu_count: int
+    cpu_buffers: tuple[str, ...] = ("CPU_REPACK",)  # the extra weight copies the llama.cpp build makes
 
 
 def read_gpus() -> tuple[Gpu, ...]:
@@ -41,11 +46,12 @@ def read_gpus() -> tuple[Gpu, ...]:
             h = pynvml.nvmlDeviceGetHandleByIndex(i)
             mem = pynvml.nvmlDeviceGetMemoryInfo(h)
             name = pynvml.nvmlDeviceGetName(h)
-            try:
-                util = int(pynvml.nvmlDeviceGetUtilizationRates(h).gpu)
-            except Exception:  # noqa: BLE001
-                util = None
-            gpus.append(Gpu(i, name.decode() if isinstance(name, bytes) else name, int(mem.total), int(mem.free), util))
+            util = _optional(lambda: int(pynvml.nvmlDeviceGetUtilizationRates(h).gpu))
+            temp = _optional(lambda: int(pynvml.nvmlDeviceGetTemperature(h, pynvml.NVML_TEMPERATURE_GPU)))
+            power = _optional(lambda: pynvml.nvmlDeviceGetEnforcedPowerLimit(h) / 1000.0)
+            cc = _optional(lambda: "{}.{}".format(*pynvml.nvmlDeviceGetCudaComputeCapability(h)))
+            gpus.append(Gpu(i, name.decode() if isinstance(name, bytes) else name, int(mem.total), int(mem.free), util,
+                            temp, power, cc))
         return tuple(gpus)
     except Exception:  # noqa: BLE001
         return ()
@@ -56,9 +62,44 @@ def read_gpus() -> tuple[Gpu, ...]:
             pass
 
 
+def _optional(read):
+    try:
+        return read()
+    except Exception:  # noqa: BLE001 - a reading this GPU or driver does not offer
+        return None
+
+
+@dataclass(frozen=True)
+class Driver:
+    version: str  # "560.35.03"
+    cuda: str | None  # the newest CUDA runtime the driver supports, "12.6"
+
+
+def read_driver() -> Driver | None:
+    """The NVIDIA driver's version and the CUDA version it supports; None without a driver."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception:  # noqa: BLE001
+        return None
+    try:
+        version = pynvml.nvmlSystemGetDriverVersion()
+        cuda = _optional(lambda: pynvml.nvmlSystemGetCudaDriverVersion_v2())
+        return Driver(version.decode() if isinstance(version, bytes) else str(version),
+                      f"{cuda // 1000}.{cuda % 1000 // 10}" if isinstance(cuda, int) else None)
+    except Exception:  # noqa: BLE001
+        return None
+    finally:
+        _optional(pynvml.nvmlShutdown)
+
+
 def detect() -> Hardware:
+    from .build.info import cpu_buffers
+
     vm = psutil.virtual_memory()
-    return Hardware(read_gpus(), int(vm.total), int(vm.available), psutil.cpu_count(logical=False) or psutil.cpu_count() or 1)
+    return Hardware(read_gpus(), int(vm.total), int(vm.available), psutil.cpu_count(logical=False) or psutil.cpu_count() or 1,
+                    cpu_buffers())
 
 
 def default_preset_reason(hw: Hardware) -> tuple[bool, str]:

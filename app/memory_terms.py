@@ -13,7 +13,9 @@ held against its own buffer-size log lines by the tests:
 - weights: token_embd always stays in host memory; with the output on the GPU a tied embedding is
   copied there too; layers go to the GPU from the last one down.
 - CPU repack: Q4_0, Q4_K, IQ4_NL 2-D matmul weights with rows divisible by 8 get a second,
-  repacked copy on x86 with AVX2 (token_embd only as the output copy of a tied embedding).
+  repacked copy on x86 with AVX2 (token_embd only as the output copy of a tied embedding); a build
+  with AMX first packs Q4_0/Q4_1/Q8_0/Q4_K/Q5_K/Q6_K/IQ4_XS/F16 weights whose shapes fit its
+  tiles into an `AMX` buffer. Which of these a build has is read from the build, not assumed.
 - compute: the scheduler keeps the largest of the prompt graphs: the logits phase
   4·n_ubatch·(n_vocab + 3·n_embd), or a layer phase: with flash attention the f16 mask
   2·n_kv·n_ubatch plus 4·n_ubatch·(3·n_ff + 2·n_embd); without it the f32 scores and mask
@@ -182,29 +184,73 @@ def _repackable(t) -> bool:
     return t.type in REPACKED and len(t.shape) == 2 and not t.shape[1] % 8
 
 
-def mapped_report_bytes(info: ModelInfo) -> int:
+# AMX (Intel Sapphire Rapids and later, builds compiled with AMX_INT8): weights of these types with
+# in_features divisible by the alignment and out_features by 32 go to an `AMX` buffer, packed;
+# F16 ones too, unpacked. It is tried before the repack buffer.
+AMX_ALIGN = {"Q4_0": 32, "Q4_1": 32, "Q8_0": 32, "Q4_K": 256, "Q5_K": 256, "Q6_K": 256, "IQ4_XS": 256, "F16": 16}
+_AMX_EXTRA_PER_BLOCK = {"Q8_0": 4, "Q4_K": 4, "Q5_K": 4, "IQ4_XS": 2}  # compensation / scales added by the packing
+
+
+def _amx_eligible(t) -> bool:
+    return (t.type in AMX_ALIGN and len(t.shape) == 2 and not t.shape[0] % AMX_ALIGN[t.type]
+            and not t.shape[1] % 32)
+
+
+def _amx_bytes(t) -> int:
+    if t.type == "F16":
+        return t.n_bytes
+    block, size = GGML_QUANT_SIZES[GGMLQuantizationType[t.type]]
+    kb = t.shape[0] // block
+    return t.shape[1] * kb * (size + _AMX_EXTRA_PER_BLOCK.get(t.type, 0))
+
+
+CPU_EXTRA_BUFFERS = ("AMX", "CPU_REPACK")  # in the order llama.cpp tries them
+
+
+def _extra_buffer_of(t, buffers: tuple[str, ...]) -> str | None:
+    if "AMX" in buffers and _amx_eligible(t):
+        return "AMX"
+    if "CPU_REPACK" in buffers and _repackable(t):
+        return "CPU_REPACK"
+    return None
+
+
+def mapped_report_bytes(info: ModelInfo, buffers: tuple[str, ...] = ("CPU_REPACK",)) -> int:
     """What llama.cpp's log calls the CPU_Mapped buffer on a CPU-only load: the file span from the
-    first to the last tensor that is not moved to the repack buffer (the plan counts every tensor)."""
-    kept = [t for t in info.tensors if t.name == "token_embd.weight" or not _repackable(t)]
+    first to the last tensor that is not moved to an extra buffer (the plan counts every tensor)."""
+    kept = [t for t in info.tensors if t.name == "token_embd.weight" or _extra_buffer_of(t, buffers) is None]
     return max(t.offset + t.n_bytes for t in kept) - min(t.offset for t in kept) if kept else 0
+
+
+def cpu_extra_bytes(info: ModelInfo, n_gpu_layers: int = 0,
+                    buffers: tuple[str, ...] = ("CPU_REPACK",)) -> dict[str, int]:
+    """The second, rearranged copy a CPU build keeps of the matmul weights it runs, per extra buffer.
+
+    Which buffers exist is a property of the llama.cpp build (`app.build.info.cpu_buffers`): an AMX
+    build packs into `AMX` what it can and repacks the rest; an x86 build with AVX2 repacks Q4_0 /
+    Q4_K / IQ4_NL into `CPU_REPACK`; a build with neither keeps only the mapped file.
+    """
+    first = _first_gpu_layer(info, n_gpu_layers)
+    output_on_gpu = n_gpu_layers >= 1
+    tied = not any(t.name == "output.weight" for t in info.tensors)
+    totals = {b: 0 for b in buffers if b in CPU_EXTRA_BUFFERS}
+    for t in info.tensors:
+        buf = _extra_buffer_of(t, buffers)
+        if buf is None:
+            continue
+        size = _amx_bytes(t) if buf == "AMX" else t.n_bytes
+        if t.name == "token_embd.weight":  # never moved as the input; a tied output copy on the CPU is
+            totals[buf] += size if tied and not output_on_gpu else 0
+            continue
+        layer = _layer_of(t.name)
+        if (layer is not None and layer < first) or (layer is None and not output_on_gpu):
+            totals[buf] += size
+    return totals
 
 
 def cpu_repack_bytes(info: ModelInfo, n_gpu_layers: int = 0) -> int:
     """The repacked copy x86 CPUs with AVX2 keep of Q4_0 / Q4_K / IQ4_NL matmul weights run on the CPU."""
-    first = _first_gpu_layer(info, n_gpu_layers)
-    output_on_gpu = n_gpu_layers >= 1
-    tied = not any(t.name == "output.weight" for t in info.tensors)
-    total = 0
-    for t in info.tensors:
-        if not _repackable(t):
-            continue
-        if t.name == "token_embd.weight":  # never repacked as the input; a tied output copy on the CPU is
-            total += t.n_bytes if tied and not output_on_gpu else 0
-            continue
-        layer = _layer_of(t.name)
-        if (layer is not None and layer < first) or (layer is None and not output_on_gpu):
-            total += t.n_bytes
-    return total
+    return cpu_extra_bytes(info, n_gpu_layers, ("CPU_REPACK",))["CPU_REPACK"]
 
 
 # -- buffers ----------------------------------------------------------------------------------

@@ -146,10 +146,22 @@ def safety_margin(budget: int) -> int:
     return max(256 * MiB, budget // 50)
 
 
-def _model_terms(role: str, info: ModelInfo, cs: M.ContextShape, ngl: int, device: Device) -> list[Term]:
+EXTRA_COPY_LABELS = {"CPU_REPACK": ("CPU repack copy", "Q4 matmul weights, repacked for AVX2"),
+                     "AMX": ("AMX copy", "matmul weights packed for AMX tiles")}
+
+
+def _extra_copies(role: str, info: ModelInfo, ngl: int, buffers: tuple[str, ...], where: Literal["device", "host"],
+                  note: str | None = None) -> list[Term]:
+    """One term per extra CPU buffer the build has (none for a build without AMX or repacking)."""
+    return [Term(f"{role} {EXTRA_COPY_LABELS[b][0]}", n, where, note or EXTRA_COPY_LABELS[b][1])
+            for b, n in M.cpu_extra_bytes(info, ngl, buffers).items()]
+
+
+def _model_terms(role: str, info: ModelInfo, cs: M.ContextShape, ngl: int, device: Device,
+                 buffers: tuple[str, ...]) -> list[Term]:
     if device == "cpu":
-        out = [Term(f"{role} weights", M.data_bytes(info), "device", f"{info.quantization}, mapped"),
-               Term(f"{role} CPU repack copy", M.cpu_repack_bytes(info, 0), "device", "Q4 matmul weights, repacked for AVX2")]
+        out = [Term(f"{role} weights", M.data_bytes(info), "device", f"{info.quantization}, mapped")]
+        out += _extra_copies(role, info, 0, buffers, "device")
     else:
         gpu, host = M.weight_placement(info, ngl)
         out = [Term(f"{role} weights", gpu, "device", f"{info.quantization}, {min(ngl, info.n_layers + 1)}/{info.n_layers + 1} layers"),
@@ -173,19 +185,20 @@ def _shape(info: ModelInfo, c: Candidate, n_rs_seq: int, n_outputs: int) -> M.Co
 
 
 def evaluate(target: ModelInfo, draft: ModelInfo | None, c: Candidate, device: Device, budget: int,
-             budget_source: str, reserve: int, margin: int, host_available: int, ctx_wanted: int) -> Plan:
+             budget_source: str, reserve: int, margin: int, host_available: int, ctx_wanted: int,
+             buffers: tuple[str, ...] = ("CPU_REPACK",)) -> Plan:
     """The full budget for one candidate: every term, and whether it fits."""
     t_ngl = target.n_layers + 1 if c.n_gpu_layers is None else c.n_gpu_layers
     t_cs = _shape(target, c, c.draft_max, c.draft_max + 1)
-    terms = _model_terms("target", target, t_cs, t_ngl if device == "cuda" else 0, device)
+    terms = _model_terms("target", target, t_cs, t_ngl if device == "cuda" else 0, device, buffers)
     d_params = None
     if draft is not None:
         d_cs = _shape(draft, c, c.draft_max, 1)
-        terms += _model_terms("draft", draft, d_cs, draft.n_layers + 1 if device == "cuda" else 0, device)
+        terms += _model_terms("draft", draft, d_cs, draft.n_layers + 1 if device == "cuda" else 0, device, buffers)
         d_params = ModelParams(d_cs.n_ctx, d_cs.n_batch, d_cs.n_ubatch, c.parallel, True, c.type_k, c.type_v,
                                True, False, d_cs.n_rs_seq, draft.n_layers + 1 if device == "cuda" else 0)
     if device == "cuda" and c.n_gpu_layers is not None and c.n_gpu_layers <= target.n_layers:
-        terms.append(Term("target CPU repack copy", M.cpu_repack_bytes(target, t_ngl), "host", "CPU layers"))
+        terms += _extra_copies("target", target, t_ngl, buffers, "host", "CPU layers")
     terms.append(Term("runtime reserve", reserve, "device", "CUDA context, driver, display" if device == "cuda" else "Python, libraries, server"))
     terms.append(Term("safety margin", margin, "device"))
     t_params = ModelParams(t_cs.n_ctx, t_cs.n_batch, t_cs.n_ubatch, c.parallel, True, c.type_k, c.type_v, True,
@@ -257,7 +270,7 @@ def make_plan(target: ModelInfo, draft: ModelInfo | None, req: PlanRequest, hw: 
     def attempt(ctx: int, ngl: int | None) -> Plan | None:
         for (tk, tv), par, ub, dm in itertools.product(usable_kv, parallel, ubatch, dmax):
             p = evaluate(target, draft, Candidate(ctx, tk, tv, par, ub, dm, ngl), device, budget, source,
-                         reserve, margin, req.ram or hw.ram_available, ctx_wanted)
+                         reserve, margin, req.ram or hw.ram_available, ctx_wanted, hw.cpu_buffers)
             if p.fits:
                 return p
         return None
@@ -278,7 +291,7 @@ def make_plan(target: ModelInfo, draft: ModelInfo | None, req: PlanRequest, hw: 
         plan.warnings.append(f"the preset aims for {ctx_wanted:,} tokens; {largest:,} fit in this budget")
         return _annotate(plan, target, draft)
     worst = evaluate(target, draft, Candidate(ctx_wanted, *usable_kv[-1], parallel[-1], ubatch[-1], dmax[-1], ngl),
-                     device, budget, source, reserve, margin, req.ram or hw.ram_available, ctx_wanted)
+                     device, budget, source, reserve, margin, req.ram or hw.ram_available, ctx_wanted, hw.cpu_buffers)
     short = worst.used - budget
     what = (f"the largest context that fits is {largest:,} tokens (--ctx {largest})" if largest >= 256
             else "even the weights do not fit")

@@ -4,6 +4,7 @@
 import pytest
 
 from app import memory_terms as M
+from app.build.info import cpu_buffers
 from app.gguf_info import read_model_info
 from app.hardware import Gpu, Hardware
 from app.llama_measure import measure
@@ -11,6 +12,7 @@ from app.planner import PlanError, PlanRequest, make_plan
 from app.synthetic import SHAPES, write_sparse
 
 GiB = 1024**3
+BUFFERS = cpu_buffers()
 NO_GPU = Hardware(gpus=(), ram_total=24 * GiB, ram_available=20 * GiB, cpu_count=2)
 # The real files' sizes (MODELS-27B.md): the stand-ins are sparse files of exactly this size.
 TRUE_SIZES = {"qwen3.6-27b": 16_817_244_384, "qwen3.5-0.8b": 532_517_120,
@@ -47,8 +49,10 @@ def test_terms_match_llama_cpp_allocations(case, tiny, real_pair, gemma_270m):
         cs = M.context_shape(ctx, seq, tk, tv, n_ubatch=ub, flash_attn=fa)
         _, host = M.weight_placement(info, 0)
         assert host == M.data_bytes(info) and close(host, got.get("model", "CPU_Mapped"), 0.03), name
-        assert close(M.mapped_report_bytes(info), got.get("model", "CPU_Mapped"), 0.03), name
-        assert close(M.cpu_repack_bytes(info), got.get("model", "CPU_REPACK"), 0.03), name
+        assert close(M.mapped_report_bytes(info, BUFFERS), got.get("model", "CPU_Mapped"), 0.03), name
+        extra = M.cpu_extra_bytes(info, 0, BUFFERS)  # the copies this build makes: AMX, CPU_REPACK or none
+        for buf in M.CPU_EXTRA_BUFFERS:
+            assert close(extra.get(buf, 0), got.get("model", buf), 0.03), (name, buf)
         assert close(M.kv_bytes(info, cs), got.total("KV"), 0.03), name
         assert close(M.compute_bytes(info, cs), got.total("compute"), 0.10), name
         if got.total("output") > 0.01 * M.MiB:
@@ -177,3 +181,27 @@ def test_cpu_pair_planned_in_ram(real_pair):
     assert any(x.name == "target CPU repack copy" and x.bytes > 0 for x in plan.terms)
     with pytest.raises(PlanError, match="nothing fits"):
         make_plan(t, d, PlanRequest(ram=2 * GiB, ctx=32768, ctx_is_user_choice=True), NO_GPU, None)
+
+
+# What llama.cpp 0.3.36 reported for the real files, loaded by its native build (AMX_INT8 = 1) on an
+# Intel Xeon with AMX (`python scripts/measure_buffers.py` under that build), in MiB: the AMX
+# buffer and the CPU_Mapped span. A no-AMX build, as this suite runs on, cannot produce them.
+AMX_MEASURED = {"qwen-1.5b": (950.71, 877.31), "qwen-0.5b": (225.48, 325.02), "gemma-270m": (213.91, 235.16)}
+
+
+def test_amx_copy_matches_what_an_amx_build_allocated(real_pair, gemma_270m):
+    files = {"qwen-1.5b": real_pair.target, "qwen-0.5b": real_pair.draft, "gemma-270m": gemma_270m}
+    for name, (amx, mapped) in AMX_MEASURED.items():
+        info = read_model_info(files[name])
+        extra = M.cpu_extra_bytes(info, 0, ("AMX", "CPU_REPACK"))
+        assert abs(extra["AMX"] / M.MiB - amx) < 0.01 and extra["CPU_REPACK"] == 0, (name, extra)
+        assert abs(M.mapped_report_bytes(info, ("AMX", "CPU_REPACK")) / M.MiB - mapped) < 0.01, name
+
+
+def test_plan_counts_the_copy_this_build_makes(tiny):
+    """An AMX build's plan has an AMX term and no repack term; a build with neither has only the mapped weights."""
+    info = read_model_info(tiny.target)
+    names = lambda hw: {t.name for t in make_plan(info, None, PlanRequest(), hw, 2048).terms}  # noqa: E731
+    assert "target AMX copy" in names(Hardware((), 24 * GiB, 20 * GiB, 2, ("AMX", "CPU_REPACK")))
+    assert "target CPU repack copy" in names(Hardware((), 24 * GiB, 20 * GiB, 2, ("CPU_REPACK",)))
+    assert not {"target AMX copy", "target CPU repack copy"} & names(Hardware((), 24 * GiB, 20 * GiB, 2, ()))
