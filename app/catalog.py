@@ -18,7 +18,7 @@ from .errors import CatalogError
 from .settings import paths
 
 SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
-BUNDLED_CATALOG = Path(__file__).resolve().parent.parent / "models.toml"
+BUNDLED_CATALOG = Path(__file__).resolve().parent / "models.toml"  # package data: in every wheel
 
 
 class _Strict(BaseModel):
@@ -165,8 +165,11 @@ def parse_catalog(text: str, source: Path) -> Catalog:
 
 
 def load_catalog(path: Path | None = None) -> Catalog:
-    """Load models.toml: the given path, else $SPECDECK_MODELS_FILE, else the bundled catalogue."""
-    path = path or paths().models_file or BUNDLED_CATALOG
+    """Load models.toml: the given path, else $SPECDECK_MODELS_FILE, else the user's own copy in the
+    config directory (~/.config/specdeck/models.toml) if there is one, else the bundled catalogue."""
+    p = paths()
+    user_copy = p.config_dir / "models.toml"
+    path = path or p.models_file or (user_copy if user_copy.is_file() else BUNDLED_CATALOG)
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
