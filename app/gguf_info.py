@@ -197,10 +197,15 @@ def _tensors(header: RawHeader) -> tuple[TensorInfo, ...]:
     return tuple(out)
 
 
-def read_model_info(path: str | os.PathLike[str]) -> ModelInfo:
-    """Parse a GGUF file's header and tensor table. Raises GGUFError with a one-line reason."""
+def read_model_info(path: str | os.PathLike[str], file_size: int | None = None) -> ModelInfo:
+    """Parse a GGUF file's header and tensor table. Raises GGUFError with a one-line reason.
+
+    `file_size` is the size of the whole file when `path` holds only its first bytes (a header
+    read from the hub with range requests): tensor offsets are checked against it instead.
+    """
     path = Path(path)
-    file_size = _check_magic(path)
+    on_disk = _check_magic(path)
+    file_size = on_disk if file_size is None else file_size
     header = read_header(path)
     meta = header.metadata
     arch = meta.get("general.architecture")

@@ -44,6 +44,15 @@ class Paths(BaseSettings):
     def verified_file(self) -> Path:
         return self.home / "verified.json"
 
+    @property
+    def headers(self) -> Path:
+        """GGUF headers read from the hub before a download, one file per ETag."""
+        return self.home / "headers"
+
+    @property
+    def log_dir(self) -> Path:
+        return self.home / "logs"
+
 
 class HubSettings(BaseSettings):
     """How the Hugging Face hub is reached. Reads the hub's own variables (HF_ENDPOINT, HF_TOKEN ...)."""

@@ -2,7 +2,7 @@
 
 It speaks the part of the protocol huggingface-hub uses to fetch one file:
   HEAD /{owner}/{repo}/resolve/{revision}/{file}  -> X-Repo-Commit, X-Linked-Etag, X-Linked-Size
-  GET  same path, honouring `Range: bytes=N-`      -> 200 or 206 with the bytes
+  GET  same path, honouring `Range: bytes=N-` and `bytes=N-M` -> 200 or 206 with the bytes
 and the hub's error shapes (X-Error-Code: GatedRepo / RepoNotFound / EntryNotFound, 5xx).
 Faults are injected per file: drop the connection after N bytes, serve other bytes than the
 advertised digest, advertise another size, answer with an HTTP error.
@@ -37,6 +37,7 @@ class FakeHub:
     files: dict[tuple[str, str], HubFile] = field(default_factory=dict)
     gated: set[str] = field(default_factory=set)
     requests: list[tuple[str, str, str | None]] = field(default_factory=list)  # (method, path, range)
+    body_bytes: int = 0  # response body bytes sent, all requests together
 
     def add(self, repo: str, filename: str, content: bytes, **faults) -> HubFile:
         f = HubFile(content, **faults)
@@ -83,20 +84,23 @@ class FakeHub:
                 if f.status:
                     return self._error(f.status, None, "server error")
                 data = f.served if f.served is not None else f.content
-                start = 0
+                start, stop = 0, len(data)
                 rng = self.headers.get("Range")
                 if rng and rng.startswith("bytes="):
-                    start = int(rng[6:].split("-")[0])
-                body = data[start:]
-                self.send_response(206 if start else 200)
+                    first, _, last = rng[6:].partition("-")
+                    start = int(first)
+                    stop = min(len(data), int(last) + 1) if last else len(data)
+                body = data[start:stop] if self.command != "HEAD" else b""  # content may be a 16 GB mmap
+                partial = bool(rng) and (start > 0 or stop < len(data))
+                self.send_response(206 if partial else 200)
                 self.send_header("X-Repo-Commit", COMMIT)
                 self.send_header("ETag", f'"{f.sha()}"')
                 self.send_header("X-Linked-Etag", f'"{f.sha()}"')
                 self.send_header("X-Linked-Size", str(f.advertised_size or len(f.content)))
                 self.send_header("Accept-Ranges", "bytes")
-                if start:
-                    self.send_header("Content-Range", f"bytes {start}-{len(data) - 1}/{len(data)}")
-                self.send_header("Content-Length", str(len(body)))
+                if partial:
+                    self.send_header("Content-Range", f"bytes {start}-{stop - 1}/{len(data)}")
+                self.send_header("Content-Length", str(stop - start))
                 self.end_headers()
                 if self.command == "HEAD":
                     return
@@ -104,11 +108,13 @@ class FakeHub:
                     cut, f.drop_after = f.drop_after, None
                     f.status = f.status_after_drop
                     self.wfile.write(body[:cut])
+                    hub.body_bytes += cut
                     self.wfile.flush()
                     self.close_connection = True
                     self.connection.shutdown(2)
                     return
                 self.wfile.write(body)
+                hub.body_bytes += len(body)
 
             do_GET = _handle
             do_HEAD = _handle
