@@ -17,7 +17,7 @@ from .catalog import Catalog, load_catalog
 from .check import check_pair, render_models, require_compatible, result_json
 from .errors import DownloadError, SpecdeckError
 from .fetch import Fetched, Fetcher
-from .gguf_info import read_model_info
+from .gguf_info import ModelInfo, read_model_info
 from .hardware import default_preset_reason, detect
 from .plan_view import render_plan
 from .planner import PlanRequest, make_plan
@@ -143,12 +143,22 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 # -- plan ------------------------------------------------------------------------------------
 
+def _model_info(fetcher: Fetcher, ref: ModelRef) -> ModelInfo:
+    """The model's header: the local file, else (a catalogue model not pulled yet) read from the hub."""
+    if ref.path is not None or ref.spec is None:
+        return read_model_info(_local_path(fetcher, ref))
+    info, how = fetcher.header_info(ref.spec)
+    if how != "on disk":
+        console.print(f"[dim]{ref.spec.name}: not pulled yet; planned from its {how}[/]", soft_wrap=True)
+    return info
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
     catalog = _catalog(args)
     sel = _selection(args, catalog)
     fetcher = _fetcher(args)
-    target = read_model_info(_local_path(fetcher, sel.target))
-    draft = read_model_info(_local_path(fetcher, sel.draft)) if sel.draft else None
+    target = _model_info(fetcher, sel.target)
+    draft = _model_info(fetcher, sel.draft) if sel.draft else None
     req = _plan_request(
         args,
         device=args.device,
@@ -164,6 +174,37 @@ def cmd_plan(args: argparse.Namespace) -> int:
     else:
         out.print(render_plan(plan, sel.name))
     return 0
+
+
+# -- doctor ----------------------------------------------------------------------------------
+
+def _doctor_subject(args: argparse.Namespace, settings: ServeSettings):
+    from .doctor import Subject
+
+    catalog = _catalog(args)
+    config = Path(args.config) if args.config else paths().config_dir / "config.toml"
+    return Subject(_selection(args, catalog), _fetcher(args), settings.host, settings.port, bool(settings.api_key),
+                   Path(args.api_key_file) if getattr(args, "api_key_file", None) else None, config, bool(args.config),
+                   _plan_request(args))
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from .doctor import failed, render_lines, run_all
+
+    try:
+        settings = _serve_settings(args, check=False)
+    except SpecdeckError:  # a config file that does not parse has its own check; bad flags still stop here
+        settings = _serve_settings(args, check=False, use_config=False)
+    checks = run_all(_doctor_subject(args, settings), detect())
+    bad = failed(checks)
+    if args.json:
+        out.print_json(json.dumps({"ok": not bad, "checks": [c.to_json() for c in checks]}))
+    else:
+        for line in render_lines(checks):
+            out.print(line, soft_wrap=True)
+        warn = sum(c.status == "warn" for c in checks)
+        out.print(f"{len(checks) - len(bad) - warn} ok, {warn} warning(s), {len(bad)} failed")
+    return 1 if bad else 0
 
 
 # -- verify ----------------------------------------------------------------------------------
@@ -257,8 +298,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 # -- serve -----------------------------------------------------------------------------------
 
-def _serve_settings(args: argparse.Namespace) -> ServeSettings:
-    """Server settings: config file, then SPECDECK_* variables, then flags (serve, up and run)."""
+def _serve_settings(args: argparse.Namespace, check: bool = True, use_config: bool = True) -> ServeSettings:
+    """Server settings: config file, then SPECDECK_* variables, then flags (serve, up and run).
+    `check=False` (doctor) reports an unsafe exposure as a check instead of refusing."""
     from .server.settings import load_settings, read_key_file
 
     config = Path(args.config) if args.config else paths().config_dir / "config.toml"
@@ -266,10 +308,16 @@ def _serve_settings(args: argparse.Namespace) -> ServeSettings:
                  "max_queue": getattr(args, "max_queue", None), "draft_max": args.draft_max,
                  "cors_origins": getattr(args, "cors_origin", None), "log_prompts": getattr(args, "log_prompts", False) or None,
                  "speculative": False if args.no_speculative else None}
-    if getattr(args, "api_key_file", None):
+    if getattr(args, "api_key_file", None) and check:
         overrides["api_key"] = read_key_file(Path(args.api_key_file))
-    settings = load_settings(config if args.config or config.exists() else None, overrides)
-    settings.check()
+    if getattr(args, "api_key_file", None) and not check:
+        try:
+            overrides["api_key"] = read_key_file(Path(args.api_key_file))
+        except SpecdeckError:
+            overrides.pop("api_key", None)  # doctor names the key file's problem in its own line
+    settings = load_settings(config if use_config and (args.config or config.exists()) else None, overrides)
+    if check:
+        settings.check()
     return settings
 
 
@@ -419,7 +467,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--reserve", help="runtime reserve (CUDA context, driver, display), e.g. 768MiB")
     p.add_argument("--margin", help="safety margin, e.g. 512MiB")
     p.add_argument("--json", action="store_true", help="print the plan as one JSON object")
-    p.set_defaults(func=cmd_plan, offline=True, verify=False)
+    p.add_argument("--offline", action="store_true", help="plan only from files on disk (never read a header from the hub)")
+    p.set_defaults(func=cmd_plan, verify=False)
+
+    p = sub.add_parser("doctor", help="the pre-deployment checklist: build, GPU, memory, disk, models, plan, port, key")
+    _add_selection(p)
+    _add_serve_flags(p)
+    p.add_argument("--offline", action="store_true", help="never read a model header from the hub")
+    p.add_argument("--json", action="store_true", help="print the checks as one JSON object")
+    p.set_defaults(func=cmd_doctor, verify=False)
 
     p = sub.add_parser("verify", help="run prompts with speculation on and off and check every step")
     _add_selection(p)

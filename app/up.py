@@ -24,7 +24,7 @@ from rich.live import Live
 
 from .check import check_pair
 from .dashboard import build_snapshot, loading_snapshot, log_line, render
-from .errors import PairError
+from .errors import PairError, SpecdeckError
 from .gguf_info import ModelInfo, read_model_info
 from .hardware import Hardware, detect
 from .plan_view import render_plan
@@ -69,16 +69,25 @@ class Prepared:
 
 def prepare(args: argparse.Namespace, settings: ServeSettings, steps: Steps) -> Prepared:
     """Hardware, pull, check, plan: the same functions `pull`, `check` and `plan` run."""
-    from .cli import _catalog, _fetcher, _plan_request, _pull_one, _selection
+    from .cli import _doctor_subject, _plan_request, _pull_one
+    from .doctor import failed, machine_checks
 
     with steps.step("detect hardware") as r:
         hw = detect()
         gpus = ", ".join(f"{g.name} {g.total / 2**30:.1f} GiB" for g in hw.gpus) or "no NVIDIA GPU"
-        catalog = _catalog(args)
-        sel: Selection = _selection(args, catalog)
-        r["done"] = f"{gpus}; {hw.ram_total / 2**30:.1f} GiB RAM, {hw.cpu_count} cores; preset {sel.name}"
+        subject = _doctor_subject(args, settings)
+        sel: Selection = subject.selection
+        fetcher = subject.fetcher
+        checks = machine_checks(subject, hw, port=False)  # the port is already bound: ours
+        for c in checks:
+            if c.status == "warn":
+                steps.console.print(f"  [yellow]![/] {c.name}: {c.summary}", soft_wrap=True)
+        bad = failed(checks)
+        if bad:
+            raise SpecdeckError(f"{bad[0].name}: {bad[0].summary}", hint=f"fix: {bad[0].fix}" if bad[0].fix else None)
+        r["done"] = (f"{gpus}; {hw.ram_total / 2**30:.1f} GiB RAM, {hw.cpu_count} cores; preset {sel.name}; "
+                     f"doctor: {len(checks)} checks, none failed")
     with steps.step("pull and verify") as r:
-        fetcher = _fetcher(args)
         roles = [("target", sel.target)] + ([("draft", sel.draft)] if sel.draft and settings.speculative else [])
         got = {role: _pull_one(fetcher, ref) for role, ref in roles}
         r["done"] = "; ".join(f"{role} {g.path.name} ({g.source}, {'hashed now' if g.hashed_now else 'verified earlier'})"
