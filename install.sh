@@ -29,9 +29,12 @@ SERVICE=""
 DRY_RUN=""
 LLAMA_VERSION="0.3.36"
 REBUILD=""
-# The CUDA toolkit taken from PyPI where a GPU has a driver but no nvcc (pinned, CUDA 12.9).
-CUDA_PYPI_LINE="12.9"
-CUDA_PYPI_PINS="nvidia-cuda-nvcc-cu12==12.9.86 nvidia-cuda-runtime-cu12==12.9.79 nvidia-cublas-cu12==12.9.3.13 nvidia-cuda-cccl-cu12==12.9.27"
+# The CUDA toolkit taken from PyPI where a GPU has a driver but no nvcc: NVIDIA's cuda-toolkit
+# packages, pinned. CUDA 13, because the cu12 wheels (nvidia-cuda-nvcc-cu12) hold ptxas but no nvcc;
+# CUDA 13 code needs a driver that supports CUDA 13 (R580 or newer).
+CUDA_PYPI_LINE="13.4"
+CUDA_PYPI_MAJOR="13"
+CUDA_PYPI_PINS="cuda-toolkit[nvcc,cudart,cublas,cccl,crt,nvvm]==13.4.3"
 STEP="start"
 
 say()  { printf '\033[1m==> %s\033[0m\n' "$*"; }
@@ -149,9 +152,13 @@ if [ "$BUILD" = "cuda" ]; then
     say "CUDA toolkit: $NVCC ($("$NVCC" --version | tail -n 1))"
   else
     STEP="install the CUDA toolkit from PyPI"
-    say "no nvcc on this machine: taking the CUDA $CUDA_PYPI_LINE toolkit from PyPI into $VENV/cuda"
+    drv_cuda="$(nvidia-smi 2>/dev/null | sed -n 's/.*CUDA Version: *\([0-9]*\)\..*/\1/p' | head -n 1)"
+    if [ -n "$drv_cuda" ] && [ "$drv_cuda" -lt "$CUDA_PYPI_MAJOR" ]; then
+      die "no nvcc here, and the driver supports CUDA $drv_cuda only: PyPI's complete toolkit is CUDA $CUDA_PYPI_LINE (needs driver R580+). Update the NVIDIA driver, or install a CUDA $drv_cuda toolkit (e.g. apt-get install nvidia-cuda-toolkit) and run install.sh again"
+    fi
+    say "no nvcc on this machine: taking the CUDA $CUDA_PYPI_LINE toolkit from PyPI into the venv"
     "$VPY" -m pip install --quiet $CUDA_PYPI_PINS
-    NVCC="$(bash "$HERE/scripts/cuda_toolkit_root.sh" "$VPY" "$VENV/cuda")"
+    NVCC="$(bash "$HERE/scripts/cuda_toolkit_root.sh" "$VPY")"
     say "CUDA toolkit: $NVCC (PyPI: $CUDA_PYPI_PINS)"
   fi
   export CUDACXX="$NVCC" CUDA_HOME="$(dirname "$(dirname "$NVCC")")" CUDAToolkit_ROOT="$(dirname "$(dirname "$NVCC")")"

@@ -146,3 +146,22 @@ def test_ladder_cli_on_an_installed_build_only_smoke_tests(tmp_path):
                        capture_output=True, text=True, timeout=300, env={**os.environ, "CMAKE_ARGS": ""})
     assert r.returncode == 0, r.stdout + r.stderr
     assert "already installed for this CPU" in r.stdout and "compiling" not in r.stdout
+
+
+def test_pypi_cuda_libraries_are_loaded_before_llama_cpp(tmp_path):
+    """A toolkit laid out as NVIDIA's PyPI packages do (nvidia/cu13/lib): its libraries are dlopened
+    globally when specdeck is imported, so a CUDA backend linked against them resolves."""
+    lib = tmp_path / "site" / "nvidia" / "cu13" / "lib"
+    lib.mkdir(parents=True)
+    (tmp_path / "site" / "nvidia" / "__init__.py").write_text("")
+    src = tmp_path / "cudart.c"
+    src.write_text("int specdeck_fake_cudart(void) { return 13; }\n")
+    r = subprocess.run(["cc", "-shared", "-fPIC", "-o", str(lib / "libcudart.so.13"), str(src)], capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"no C compiler: {r.stderr[:200]}")
+    code = ("import ctypes, app.build.cudalibs as c; print(c.preload()); "
+            "print(ctypes.CDLL(None).specdeck_fake_cudart())")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
+                         env={**os.environ, "PYTHONPATH": f"{tmp_path / 'site'}{os.pathsep}{ROOT}"})
+    assert out.returncode == 0, out.stderr
+    assert "libcudart.so.13" in out.stdout and out.stdout.strip().endswith("13")

@@ -144,6 +144,9 @@ def _child(gpu: bool) -> int:
     import ctypes
     import re
 
+    from .cudalibs import preload
+
+    preload()  # before llama_cpp loads its CUDA backend (a build made with the PyPI toolkit)
     import llama_cpp
 
     log: list[str] = []
