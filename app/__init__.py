@@ -1,6 +1,6 @@
 """specdeck: a ~27B GGUF target plus a small draft model, speculative decoding, one 24 GB GPU."""
 
-from .build.cudalibs import preload as _preload_cuda
+from app.build.cudalibs import preload as _preload_cuda
 
 __version__ = "0.1.0"
 

@@ -12,49 +12,48 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from . import __version__
-from .catalog import Catalog, load_catalog
-from .check import check_pair, render_models, require_compatible, result_json
-from .errors import DownloadError, SpecdeckError
-from .fetch import Fetched, Fetcher
-from .gguf_info import ModelInfo, read_model_info
-from .hardware import default_preset_reason, detect
-from .plan_view import render_plan
-from .planner import PlanRequest, make_plan
-from .refs import ModelRef, Selection, select
-from .server.settings import ServeSettings
-from .settings import hub_settings, paths
-from .units import parse_size
+from app import __version__
+from app.commands.check import (
+    check_pair,
+    render_models,
+    require_compatible,
+    result_json,
+)
+from app.commands.common import (  # noqa: E402
+    catalog_from_args,
+    console,
+    doctor_subject,
+    local_path,
+    make_fetcher,
+    make_selection,
+    model_info,
+    plan_request,
+    pull_one,
+    serve_settings,
+)
+from app.errors import SpecdeckError
+from app.gguf.info import read_model_info
+from app.plan.hardware import detect
+from app.plan.planner import PlanRequest, make_plan
+from app.plan.view import render_plan
+from app.units import parse_size
 
-console = Console(stderr=True, highlight=False)
 out = Console(highlight=False)
 
 
-def _catalog(args: argparse.Namespace) -> Catalog:
-    return load_catalog(Path(args.models) if args.models else None)
 
 
-def _default_preset(catalog: Catalog) -> str:
-    gpu, why = default_preset_reason(detect())
-    name = catalog.default_gpu_preset if gpu else catalog.default_cpu_preset
-    console.print(f"[dim]preset {name}: {why}[/]")
-    return name
 
 
-def _selection(args: argparse.Namespace, catalog: Catalog) -> Selection:
-    return select(catalog, args.name, args.target, args.draft, lambda: _default_preset(catalog))
 
 
-def _fetcher(args: argparse.Namespace) -> Fetcher:
-    return Fetcher(paths(), hub_settings(), console, offline=getattr(args, "offline", False),
-                   force_verify=getattr(args, "verify", False))
 
 
 # -- models ----------------------------------------------------------------------------------
 
 def cmd_models(args: argparse.Namespace) -> int:
-    catalog = _catalog(args)
-    fetcher = _fetcher(args)
+    catalog = catalog_from_args(args)
+    fetcher = make_fetcher(args)
     table = Table(title=f"presets ({catalog.source})")
     for col in ("preset", "target", "draft", "context", "for", "on disk"):
         table.add_column(col)
@@ -80,21 +79,15 @@ def cmd_models(args: argparse.Namespace) -> int:
 
 # -- pull ------------------------------------------------------------------------------------
 
-def _pull_one(fetcher: Fetcher, ref: ModelRef) -> Fetched:
-    if ref.path is not None:
-        return fetcher.local(ref.path)
-    assert ref.spec is not None
-    console.print(f"[bold]{ref.spec.name}[/]: {ref.spec.label}")
-    return fetcher.ensure(ref.spec)
 
 
 def cmd_pull(args: argparse.Namespace) -> int:
-    catalog = _catalog(args)
-    sel = _selection(args, catalog)
-    fetcher = _fetcher(args)
+    catalog = catalog_from_args(args)
+    sel = make_selection(args, catalog)
+    fetcher = make_fetcher(args)
     roles = [("target", sel.target)] + ([("draft", sel.draft)] if sel.draft else [])
     for role, ref in roles:
-        got = _pull_one(fetcher, ref)
+        got = pull_one(fetcher, ref)
         how = "hashed now" if got.hashed_now else "verified earlier; size, mtime and inode unchanged"
         out.print(f"[green]ok[/] {role} {ref.label} ({got.source}, {how})", soft_wrap=True)
         out.print(f"   sha256 {got.sha256}", soft_wrap=True)
@@ -104,25 +97,14 @@ def cmd_pull(args: argparse.Namespace) -> int:
 
 # -- check -----------------------------------------------------------------------------------
 
-def _local_path(fetcher: Fetcher, ref: ModelRef) -> Path:
-    """A file to inspect: the user's own path, or a verified copy of a catalogue model already pulled."""
-    if ref.path is not None:
-        if not ref.path.is_file():
-            raise SpecdeckError(f"{ref.path}: no such file")
-        return ref.path
-    assert ref.spec is not None
-    got = fetcher.existing(ref.spec)
-    if got is None:
-        raise DownloadError(f"{ref.spec.name} is not on disk", hint=f"run `specdeck pull {ref.spec.name}` first")
-    return got.path
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    catalog = _catalog(args)
-    sel = _selection(args, catalog)
-    fetcher = _fetcher(args)
-    target = _local_path(fetcher, sel.target)
-    draft = _local_path(fetcher, sel.draft) if sel.draft else None
+    catalog = catalog_from_args(args)
+    sel = make_selection(args, catalog)
+    fetcher = make_fetcher(args)
+    target = local_path(fetcher, sel.target)
+    draft = local_path(fetcher, sel.draft) if sel.draft else None
     result = check_pair(target, draft, probe=not args.no_probe)
     if args.json:
         out.print_json(json.dumps(result_json(result)))
@@ -143,23 +125,15 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 # -- plan ------------------------------------------------------------------------------------
 
-def _model_info(fetcher: Fetcher, ref: ModelRef) -> ModelInfo:
-    """The model's header: the local file, else (a catalogue model not pulled yet) read from the hub."""
-    if ref.path is not None or ref.spec is None:
-        return read_model_info(_local_path(fetcher, ref))
-    info, how = fetcher.header_info(ref.spec)
-    if how != "on disk":
-        console.print(f"[dim]{ref.spec.name}: not pulled yet; planned from its {how}[/]", soft_wrap=True)
-    return info
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    catalog = _catalog(args)
-    sel = _selection(args, catalog)
-    fetcher = _fetcher(args)
-    target = _model_info(fetcher, sel.target)
-    draft = _model_info(fetcher, sel.draft) if sel.draft else None
-    req = _plan_request(
+    catalog = catalog_from_args(args)
+    sel = make_selection(args, catalog)
+    fetcher = make_fetcher(args)
+    target = model_info(fetcher, sel.target)
+    draft = model_info(fetcher, sel.draft) if sel.draft else None
+    req = plan_request(
         args,
         device=args.device,
         vram=parse_size(args.vram) if args.vram else None,
@@ -178,24 +152,16 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 # -- doctor ----------------------------------------------------------------------------------
 
-def _doctor_subject(args: argparse.Namespace, settings: ServeSettings):
-    from .doctor import Subject
-
-    catalog = _catalog(args)
-    config = Path(args.config) if args.config else paths().config_dir / "config.toml"
-    return Subject(_selection(args, catalog), _fetcher(args), settings.host, settings.port, bool(settings.api_key),
-                   Path(args.api_key_file) if getattr(args, "api_key_file", None) else None, config, bool(args.config),
-                   _plan_request(args))
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    from .doctor import failed, render_lines, run_all
+    from app.commands.doctor import failed, render_lines, run_all
 
     try:
-        settings = _serve_settings(args, check=False)
+        settings = serve_settings(args, check=False)
     except SpecdeckError:  # a config file that does not parse has its own check; bad flags still stop here
-        settings = _serve_settings(args, check=False, use_config=False)
-    checks = run_all(_doctor_subject(args, settings), detect())
+        settings = serve_settings(args, check=False, use_config=False)
+    checks = run_all(doctor_subject(args, settings), detect())
     bad = failed(checks)
     if args.json:
         out.print_json(json.dumps({"ok": not bad, "checks": [c.to_json() for c in checks]}))
@@ -210,17 +176,17 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 # -- verify ----------------------------------------------------------------------------------
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from .runtime import load
-    from .verify import VerifyReport, load_prompts, verify_prompt
+    from app.commands.equivalence import VerifyReport, load_prompts, verify_prompt
+    from app.engine.loader import load
 
-    catalog = _catalog(args)
-    sel = _selection(args, catalog)
+    catalog = catalog_from_args(args)
+    sel = make_selection(args, catalog)
     if sel.draft is None:
         raise SpecdeckError("verify needs a draft model (a preset with one, or --draft)")
     prompts = load_prompts(Path(args.prompts) if args.prompts else None)
-    fetcher = _fetcher(args)
-    target = read_model_info(_local_path(fetcher, sel.target))
-    draft = read_model_info(_local_path(fetcher, sel.draft))
+    fetcher = make_fetcher(args)
+    target = read_model_info(local_path(fetcher, sel.target))
+    draft = read_model_info(local_path(fetcher, sel.draft))
     hw = detect()
     req = PlanRequest(ctx=args.ctx, ctx_is_user_choice=True, parallel=1, draft_max=args.draft_max)
     plan = make_plan(target, draft, req, hw, args.ctx)
@@ -248,16 +214,16 @@ def cmd_verify(args: argparse.Namespace) -> int:
 def cmd_bench(args: argparse.Namespace) -> int:
     import contextlib
 
-    from .bench import AnchorServers, find_llama_server, ratios, run_engine
-    from .runtime import load
-    from .verify import load_prompts
+    from app.commands.bench import AnchorServers, find_llama_server, ratios, run_engine
+    from app.commands.equivalence import load_prompts
+    from app.engine.loader import load
 
-    catalog = _catalog(args)
-    sel = _selection(args, catalog)
+    catalog = catalog_from_args(args)
+    sel = make_selection(args, catalog)
     prompts = load_prompts(Path(args.prompts) if args.prompts else None)
-    fetcher = _fetcher(args)
-    target = read_model_info(_local_path(fetcher, sel.target))
-    draft = read_model_info(_local_path(fetcher, sel.draft)) if sel.draft else None
+    fetcher = make_fetcher(args)
+    target = read_model_info(local_path(fetcher, sel.target))
+    draft = read_model_info(local_path(fetcher, sel.draft)) if sel.draft else None
     hw = detect()
     plan = make_plan(target, draft, PlanRequest(ctx=args.ctx, ctx_is_user_choice=True, parallel=1, draft_max=16), hw, args.ctx)
     threads = args.threads or hw.cpu_count
@@ -298,27 +264,6 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 # -- serve -----------------------------------------------------------------------------------
 
-def _serve_settings(args: argparse.Namespace, check: bool = True, use_config: bool = True) -> ServeSettings:
-    """Server settings: config file, then SPECDECK_* variables, then flags (serve, up and run).
-    `check=False` (doctor) reports an unsafe exposure as a check instead of refusing."""
-    from .server.settings import load_settings, read_key_file
-
-    config = Path(args.config) if args.config else paths().config_dir / "config.toml"
-    overrides = {"host": getattr(args, "host", None), "port": getattr(args, "port", None),
-                 "max_queue": getattr(args, "max_queue", None), "draft_max": args.draft_max,
-                 "cors_origins": getattr(args, "cors_origin", None), "log_prompts": getattr(args, "log_prompts", False) or None,
-                 "speculative": False if args.no_speculative else None}
-    if getattr(args, "api_key_file", None) and check:
-        overrides["api_key"] = read_key_file(Path(args.api_key_file))
-    if getattr(args, "api_key_file", None) and not check:
-        try:
-            overrides["api_key"] = read_key_file(Path(args.api_key_file))
-        except SpecdeckError:
-            overrides.pop("api_key", None)  # doctor names the key file's problem in its own line
-    settings = load_settings(config if use_config and (args.config or config.exists()) else None, overrides)
-    if check:
-        settings.check()
-    return settings
 
 
 def _server_logging() -> None:
@@ -330,19 +275,19 @@ def _server_logging() -> None:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from .server.serve import serve
+    from app.server.serve import serve
 
     _server_logging()
-    settings = _serve_settings(args)
-    catalog = _catalog(args)
-    sel = _selection(args, catalog)
-    fetcher = _fetcher(args)
-    target = read_model_info(_local_path(fetcher, sel.target))
-    draft = read_model_info(_local_path(fetcher, sel.draft)) if sel.draft and settings.speculative else None
+    settings = serve_settings(args)
+    catalog = catalog_from_args(args)
+    sel = make_selection(args, catalog)
+    fetcher = make_fetcher(args)
+    target = read_model_info(local_path(fetcher, sel.target))
+    draft = read_model_info(local_path(fetcher, sel.draft)) if sel.draft and settings.speculative else None
     if draft is not None:
         require_compatible(target, draft)
     hw = detect()
-    req = _plan_request(args).model_copy(update={"draft_max": settings.draft_max})
+    req = plan_request(args).model_copy(update={"draft_max": settings.draft_max})
     plan = make_plan(target, draft, req, hw, sel.context)
     for w in plan.warnings:
         console.print(f"[yellow]warning:[/] {w}")
@@ -354,21 +299,21 @@ def cmd_serve(args: argparse.Namespace) -> int:
 # -- up, dash, run -----------------------------------------------------------------------------
 
 def cmd_up(args: argparse.Namespace) -> int:
-    from .up import up
+    from app.commands.up import up
 
     _server_logging()
-    return up(args, _serve_settings(args), console, out)
+    return up(args, serve_settings(args), console, out)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from .up import run
+    from app.commands.up import run
 
-    return run(args, _serve_settings(args), console, out)
+    return run(args, serve_settings(args), console, out)
 
 
 def cmd_dash(args: argparse.Namespace) -> int:
-    from .dashboard import api_key_from_env, fetch_snapshot
-    from .up import watch
+    from app.commands.dashboard import api_key_from_env, fetch_snapshot
+    from app.commands.up import watch
 
     url = args.url.rstrip("/")
     if not url.startswith(("http://", "https://")):
@@ -376,7 +321,7 @@ def cmd_dash(args: argparse.Namespace) -> int:
     key = api_key_from_env()
     fetch_snapshot(url, key)  # a wrong key is one clear line before the screen opens
     if args.once:
-        from .dashboard import log_line, render
+        from app.commands.dashboard import log_line, render
 
         snap = fetch_snapshot(url, key)
         out.print(render(snap) if out.is_terminal or not args.log else log_line(snap))
@@ -421,13 +366,6 @@ def _add_serve_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--log-prompts", action="store_true", help="log request text (off by default)")
 
 
-def _plan_request(args: argparse.Namespace, **more) -> PlanRequest:
-    """A PlanRequest from the shared override flags (plus what the command adds)."""
-    return PlanRequest(
-        ctx=args.ctx, ctx_is_user_choice=args.ctx is not None,
-        cache_type_k=args.cache_type_k or args.cache_type, cache_type_v=args.cache_type_v or args.cache_type,
-        n_gpu_layers=args.n_gpu_layers, parallel=args.parallel, draft_max=args.draft_max, **more,
-    )
 
 
 class _Parser(argparse.ArgumentParser):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from .errors import SpecdeckError
+from app.errors import SpecdeckError
 
 _UNITS = {
     "": 1, "b": 1,

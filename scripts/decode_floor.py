@@ -27,12 +27,12 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 from serve_bench import start  # noqa: E402
 
-from app.bench import find_llama_server  # noqa: E402
-from app.catalog import load_catalog  # noqa: E402
+from app.commands.bench import find_llama_server  # noqa: E402
 from app.engine import kv  # noqa: E402
-from app.fetch import Fetcher  # noqa: E402
-from app.llama_ctx import Context, Model  # noqa: E402
-from app.planner import ModelParams  # noqa: E402
+from app.llama.context import Context, Model  # noqa: E402
+from app.llama.params import ModelParams  # noqa: E402
+from app.models.catalog import load_catalog  # noqa: E402
+from app.models.fetch import Fetcher  # noqa: E402
 from app.settings import hub_settings, paths  # noqa: E402
 
 PROMPT = "# file 0\n# a small utility, number 0\ndef helper_0(values):\n"

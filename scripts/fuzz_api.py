@@ -23,8 +23,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
-from test_server import LiveServer, free_port
-from tinymodels import write_tiny_model
+from support.live import LiveServer, free_port
+from support.tinymodels import write_tiny_model
 
 from app.server.settings import ServeSettings
 

@@ -25,14 +25,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from app import memory_terms as M  # noqa: E402
-from app.gguf_info import read_model_info  # noqa: E402
-from app.hardware import detect, read_gpus  # noqa: E402
-from app.llama_ctx import Context, Model  # noqa: E402
-from app.llama_measure import parse_allocation  # noqa: E402
-from app.llama_runtime import capture_llama_log  # noqa: E402
-from app.planner import PlanRequest, make_plan  # noqa: E402
-from app.synthetic import SHAPES, small, write_random  # noqa: E402
+from app.gguf.info import read_model_info  # noqa: E402
+from app.gguf.synthetic import SHAPES, small, write_random  # noqa: E402
+from app.llama.backend import capture_llama_log  # noqa: E402
+from app.llama.context import Context, Model  # noqa: E402
+from app.llama.measure import parse_allocation  # noqa: E402
+from app.plan import terms as M  # noqa: E402
+from app.plan.hardware import detect, read_gpus  # noqa: E402
+from app.plan.planner import PlanRequest, make_plan  # noqa: E402
 
 PAIRS = {"qwen3.6-27b": ("qwen3.6-27b", "qwen3.5-0.8b"), "gemma3-27b": ("gemma3-27b", "gemma3-270m")}
 KS = list(range(1, 17))

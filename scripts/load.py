@@ -28,7 +28,7 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from app.bench import free_port, wait_ready
+from app.commands.bench import free_port, wait_ready
 
 PROMPTS = [
     "def fibonacci(n: int) -> list[int]:\n    \"\"\"Return the first n Fibonacci numbers.\"\"\"\n",
@@ -75,15 +75,15 @@ def near_tie_check(preset: str, pairs: list[tuple[str, str, str]]) -> list[dict]
     """For answers that differ from their solo run: where, and the target's top-two gap there."""
     from rich.console import Console
 
-    from app.catalog import load_catalog
+    from app.commands.equivalence import GAP_TOLERANCE, text_divergence
     from app.engine.text import Tokenizer
-    from app.fetch import Fetcher
-    from app.gguf_info import read_model_info
-    from app.hardware import detect
-    from app.llama_ctx import Context, Model
-    from app.planner import PlanRequest, make_plan
+    from app.gguf.info import read_model_info
+    from app.llama.context import Context, Model
+    from app.models.catalog import load_catalog
+    from app.models.fetch import Fetcher
+    from app.plan.hardware import detect
+    from app.plan.planner import PlanRequest, make_plan
     from app.settings import hub_settings, paths
-    from app.verify import GAP_TOLERANCE, text_divergence
 
     cat = load_catalog()
     spec = cat.model(cat.preset(preset).target)

@@ -15,10 +15,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from app import memory_terms as M  # noqa: E402
 from app.build.info import cpu_buffers, system_info  # noqa: E402
-from app.gguf_info import read_model_info  # noqa: E402
-from app.llama_measure import measure  # noqa: E402
+from app.gguf.info import read_model_info  # noqa: E402
+from app.llama.measure import measure  # noqa: E402
+from app.plan import terms as M  # noqa: E402
 from app.settings import paths  # noqa: E402
 
 

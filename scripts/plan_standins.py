@@ -17,11 +17,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from rich.console import Console  # noqa: E402
 
-from app.gguf_info import read_model_info  # noqa: E402
-from app.hardware import detect  # noqa: E402
-from app.plan_view import render_plan  # noqa: E402
-from app.planner import PlanRequest, make_plan  # noqa: E402
-from app.synthetic import ASSUMED, SHAPES, write_sparse  # noqa: E402
+from app.gguf.info import read_model_info  # noqa: E402
+from app.gguf.synthetic import ASSUMED, SHAPES, write_sparse  # noqa: E402
+from app.plan.hardware import detect  # noqa: E402
+from app.plan.planner import PlanRequest, make_plan  # noqa: E402
+from app.plan.view import render_plan  # noqa: E402
 from app.units import parse_size  # noqa: E402
 
 TRUE_SIZES = {"qwen3.6-27b": 16_817_244_384, "qwen3.5-0.8b": 532_517_120,

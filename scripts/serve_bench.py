@@ -31,12 +31,11 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from app.bench import find_llama_server, free_port, paired, wait_ready  # noqa: E402
-from app.catalog import load_catalog  # noqa: E402
-from app.fetch import Fetcher  # noqa: E402
+from app.commands.bench import find_llama_server, free_port, paired, wait_ready  # noqa: E402
+from app.commands.equivalence import CODE_EDIT_MODULE  # noqa: E402
+from app.models.catalog import load_catalog  # noqa: E402
+from app.models.fetch import Fetcher  # noqa: E402
 from app.settings import hub_settings, paths  # noqa: E402
-from app.verify import CODE_EDIT_MODULE  # noqa: E402
-
 
 DRAFTS: dict[str, list[int]] = {}  # url -> [drafted, accepted] over the timed requests (specdeck's timings)
 
@@ -60,8 +59,8 @@ def coding_prompts(target: Path) -> list[str]:
     sent to both servers as the same raw prompt (llama-server's own chat formatting may differ)."""
     from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
-    from app.gguf_info import read_model_info
-    from app.verify import BUILTIN_PROMPTS
+    from app.commands.equivalence import BUILTIN_PROMPTS
+    from app.gguf.info import read_model_info
 
     vocab = read_model_info(target).vocab
     name = lambda i: vocab.tokens[i] if i is not None else ""  # noqa: E731

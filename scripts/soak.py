@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT))
 
 from load import PROMPTS, start_server
 
-from app.hardware import read_gpus
+from app.plan.hardware import read_gpus
 
 
 def slope_per_hour(points: list[tuple[float, float]]) -> float:

@@ -22,13 +22,13 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
-from tinymodels import write_tiny_model  # noqa: E402
+from support.tinymodels import write_tiny_model  # noqa: E402
 
 from app.engine.controller import Controller, CostModel  # noqa: E402
 from app.engine.drafter import AdaptiveDrafter, LookupDrafter, ModelDrafter  # noqa: E402
 from app.engine.engine import Engine, Request, SpecParams  # noqa: E402
-from app.llama_ctx import Context, Model  # noqa: E402
-from app.planner import ModelParams  # noqa: E402
+from app.llama.context import Context, Model  # noqa: E402
+from app.llama.params import ModelParams  # noqa: E402
 
 
 def python_ms_per_step(engine: Engine, contexts: list[Context], prompt: list[int], steps: int) -> float:

@@ -11,10 +11,10 @@ from rich.console import Console
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from tinymodels import tiny_vocab, write_tiny_model  # noqa: E402
+from support.tinymodels import tiny_vocab, write_tiny_model  # noqa: E402
 
-from app.catalog import load_catalog  # noqa: E402
-from app.fetch import Fetcher  # noqa: E402
+from app.models.catalog import load_catalog  # noqa: E402
+from app.models.fetch import Fetcher  # noqa: E402
 from app.settings import HubSettings, Paths  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -9,9 +9,10 @@ import json
 import httpx
 import jsonschema
 import pytest
+from support.live import LiveServer, free_port
+from test_server import client
 
 from app.server.settings import ServeSettings
-from test_server import LiveServer, client, free_port
 
 SCHEMAS = {
     "nested": {"type": "object", "properties": {

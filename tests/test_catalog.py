@@ -2,9 +2,9 @@ from pathlib import Path
 
 import pytest
 
-from app.catalog import load_catalog, parse_catalog
 from app.errors import CatalogError
-from app.refs import parse_hf_uri, resolve_ref, select
+from app.models.catalog import load_catalog, parse_catalog
+from app.models.refs import parse_hf_uri, resolve_ref, select
 
 GOOD_MODEL = """
 [models.m]

@@ -3,9 +3,8 @@
 import json
 
 import pytest
-
 from conftest import REAL_CACHE, run_cli
-from fakehub import FakeHub
+from support.fakehub import FakeHub
 
 
 def assert_clean_error(p, *needles):

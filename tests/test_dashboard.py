@@ -11,7 +11,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from app.dashboard import (
+from app.commands.dashboard import (
     build_snapshot,
     loading_snapshot,
     log_line,

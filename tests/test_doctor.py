@@ -6,17 +6,16 @@ import json
 import os
 import shutil
 import socket
-from pathlib import Path
 
 import pytest
 from conftest import REAL_CACHE, run_cli
 
-from app import doctor as D
 from app.build.isa import read_cpu
 from app.build.smoke import SmokeResult
-from app.gguf_info import read_model_info
-from app.hardware import Driver, Gpu, Hardware
-from app.planner import PlanRequest, make_plan
+from app.commands import doctor as D
+from app.gguf.info import read_model_info
+from app.plan.hardware import Driver, Gpu, Hardware
+from app.plan.planner import PlanRequest, make_plan
 
 GiB = 1024**3
 

@@ -6,6 +6,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from scipy.stats import chi2_contingency
+from support.tinymodels import write_tiny_model
 
 from app.engine import engine as engine_mod
 from app.engine import kv
@@ -13,9 +14,8 @@ from app.engine.accept import Accepted
 from app.engine.drafter import ListDrafter, ModelDrafter
 from app.engine.engine import ContextOverflow, Engine, Request, SpecParams
 from app.engine.sampling import SamplingParams
-from app.llama_ctx import Context, Model
-from app.planner import ModelParams
-from tinymodels import write_tiny_model
+from app.llama.context import Context, Model
+from app.llama.params import ModelParams
 
 # measured here (FACTS.md): llama.cpp's logits for one token vs the same token in a batch differ by up to ~0.8
 NUMERICS_TOLERANCE = 1.0
@@ -75,7 +75,7 @@ def test_greedy_invariant_and_plain_equivalence(tiny):
     assert rec.drafted > 0 and rec.accepted / rec.drafted > 0.9 and rec.tokens_per_decode > 2
     diverge = next((i for i, (a, b) in enumerate(zip(plain, spec)) if a != b), None)
     if diverge is not None:  # only where batch numerics can flip a near-tie, measured at that position
-        from app.verify import single_vs_batch_delta
+        from app.commands.equivalence import single_vs_batch_delta
 
         gaps = [g for s in steps for g in s.top2_gap]
         assert gaps[diverge] <= 2 * single_vs_batch_delta(r.engine, PROMPT + plain, len(PROMPT) + diverge)
@@ -265,7 +265,7 @@ def test_list_drafter_interface(tiny):
 @pytest.fixture(scope="module")
 def hybrid(tmp_path_factory):
     """Qwen3.6-27B's hybrid architecture (Gated DeltaNet + attention) at a small shape, random weights."""
-    from app.synthetic import SHAPES, small, write_random
+    from app.gguf.synthetic import SHAPES, small, write_random
 
     d = tmp_path_factory.mktemp("hybrid")
     return write_random(d / "h.gguf", small(SHAPES["qwen3.6-27b"]), seed=3)

@@ -6,8 +6,8 @@ import pytest
 from app.engine import kv
 from app.engine.drafter import ModelDrafter
 from app.engine.engine import Engine, Request, SpecParams
-from app.llama_ctx import Context, Model
-from app.planner import ModelParams
+from app.llama.context import Context, Model
+from app.llama.params import ModelParams
 
 TOL = 1.0  # llama.cpp batch-shape numerics (FACTS.md: up to ~0.8 measured)
 
@@ -107,7 +107,7 @@ def test_qwen_pair_greedy_speculation(real_pair):
     assert all(s.tokens == s.target_argmax for s in steps)
     i = next((j for j, (x, y) in enumerate(zip(plain, spec)) if x != y), None)
     if i is not None:  # a flip needs a top-two gap within twice the batch-vs-single difference there
-        from app.verify import single_vs_batch_delta
+        from app.commands.equivalence import single_vs_batch_delta
 
         gaps = [g for s in steps for g in s.top2_gap]
         delta = single_vs_batch_delta(eng, prompt + plain, len(prompt) + i)

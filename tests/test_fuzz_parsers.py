@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from tinymodels import write_tiny_model
+from support.tinymodels import write_tiny_model
 
-from app.catalog import BUNDLED_CATALOG, parse_catalog
 from app.errors import CatalogError, GGUFError
-from app.gguf_header import read_header
-from app.gguf_info import read_model_info
+from app.gguf.header import read_header
+from app.gguf.info import read_model_info
+from app.models.catalog import BUNDLED_CATALOG, parse_catalog
 
 N = int(os.environ.get("FUZZ_EXAMPLES", "300"))
 FUZZ = settings(max_examples=N, deadline=None, database=None, suppress_health_check=list(HealthCheck))

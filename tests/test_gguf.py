@@ -2,11 +2,11 @@ import os
 
 import pytest
 from gguf import GGUFReader
+from support.tinymodels import N_HEAD_KV, N_VOCAB, write_tiny_model
 
 from app.errors import GGUFError
-from app.gguf_header import read_header
-from app.gguf_info import read_model_info
-from tinymodels import N_HEAD_KV, N_VOCAB, write_tiny_model
+from app.gguf.header import read_header
+from app.gguf.info import read_model_info
 
 
 def test_tiny_model_info(tiny):

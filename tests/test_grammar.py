@@ -10,8 +10,8 @@ from app.engine.engine import Engine, Request, SpecParams
 from app.engine.sampling import SamplingParams, TokenSampler, grammar_sampler
 from app.engine.text import Tokenizer
 from app.errors import SpecdeckError
-from app.llama_ctx import Context, Model
-from app.planner import ModelParams
+from app.llama.context import Context, Model
+from app.llama.params import ModelParams
 
 AB = 'root ::= (" a" | " b")+'
 PROMPT = [1, 300, 301, 302, 303]

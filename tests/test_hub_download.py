@@ -5,12 +5,12 @@ import os
 
 import pytest
 from rich.console import Console
+from support.fakehub import FakeHub
 
-from app.catalog import ModelSpec
 from app.errors import DiskSpaceError, DownloadError, SourceUnavailable, VerifyError
-from app.fetch import Fetcher
+from app.models.catalog import ModelSpec
+from app.models.fetch import Fetcher
 from app.settings import hub_settings, paths
-from fakehub import FakeHub
 
 REPO, FILE = "acme/tiny-GGUF", "tiny.gguf"
 

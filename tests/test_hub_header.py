@@ -8,15 +8,15 @@ import mmap
 
 import pytest
 from conftest import run_cli
+from support.fakehub import FakeHub
 
-from app.gguf_info import read_model_info
-from app.hardware import Hardware
-from app.hub import HubFile
-from app.hub_header import FIRST_READ, fetch_header, remote_model_info
-from app.planner import PlanRequest, make_plan
+from app.gguf.info import read_model_info
+from app.gguf.synthetic import SHAPES, write_sparse
+from app.models.hub import HubFile
+from app.models.remote_header import FIRST_READ, fetch_header, remote_model_info
+from app.plan.hardware import Hardware
+from app.plan.planner import PlanRequest, make_plan
 from app.settings import hub_settings, paths
-from app.synthetic import SHAPES, write_sparse
-from fakehub import FakeHub
 
 GiB = 1024**3
 HW = Hardware((), 24 * GiB, 20 * GiB, 2)

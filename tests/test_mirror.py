@@ -7,9 +7,9 @@ import zipfile
 import pytest
 from rich.console import Console
 
-from app.catalog import ModelSpec, PypiMirror
 from app.errors import DownloadError, SourceUnavailable, VerifyError
-from app.fetch import Fetcher
+from app.models.catalog import ModelSpec, PypiMirror
+from app.models.fetch import Fetcher
 from app.settings import hub_settings, paths
 
 PARTS = 3

@@ -1,7 +1,7 @@
 import pytest
 
-from app.check import check_pair, result_json
-from app.pairing import PairVocab, first_incompatibility
+from app.commands.check import check_pair, result_json
+from app.gguf.pairing import PairVocab, first_incompatibility
 
 TOKS = tuple(f"t{i}" for i in range(1000))
 

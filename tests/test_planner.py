@@ -3,13 +3,13 @@
 
 import pytest
 
-from app import memory_terms as M
 from app.build.info import cpu_buffers
-from app.gguf_info import read_model_info
-from app.hardware import Gpu, Hardware
-from app.llama_measure import measure
-from app.planner import PlanError, PlanRequest, make_plan
-from app.synthetic import SHAPES, write_sparse
+from app.gguf.info import read_model_info
+from app.gguf.synthetic import SHAPES, write_sparse
+from app.llama.measure import measure
+from app.plan import terms as M
+from app.plan.hardware import Gpu, Hardware
+from app.plan.planner import PlanError, PlanRequest, make_plan
 
 GiB = 1024**3
 BUFFERS = cpu_buffers()

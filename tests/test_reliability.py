@@ -22,13 +22,13 @@ from pathlib import Path
 import httpx
 import pytest
 from conftest import ROOT, run_cli
-from test_server import LiveServer, free_port
-from tinymodels import write_tiny_model
+from support.live import LiveServer, free_port
+from support.tinymodels import write_tiny_model
 
-from app.gguf_header import read_header
-from app.llama_ctx import Context
+from app.commands.equivalence import GAP_TOLERANCE, text_divergence, token_divergence
+from app.gguf.header import read_header
+from app.llama.context import Context
 from app.server.settings import ServeSettings
-from app.verify import GAP_TOLERANCE, text_divergence, token_divergence
 
 CHAT_TEMPLATE = "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}assistant:"
 JSON = {"content-type": "application/json"}
@@ -228,7 +228,7 @@ def test_a_refused_decode_fails_its_requests_and_the_server_goes_on(server, at):
     """Fault injection: llama.cpp refuses one target decode (as for out of memory), while the prompt
     is evaluated or later while generating. The request gets a 503 in OpenAI's shape; the server
     stays healthy and the next request is answered exactly as before."""
-    from app.llama_ctx import DecodeError
+    from app.llama.context import DecodeError
 
     url = server.url + "/v1/completions"
     body = {"prompt": "a b c", "max_tokens": 8, "temperature": 0, "speculative": {"enabled": False}}

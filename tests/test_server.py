@@ -4,60 +4,19 @@ from __future__ import annotations
 
 import concurrent.futures
 import os
-import socket
 import subprocess
 import sys
-import threading
 import time
 import urllib.error
 import urllib.request
 
 import httpx
 import pytest
-import uvicorn
-from openai import OpenAI
-
-from app.gguf_info import read_model_info
-from app.hardware import detect
-from app.planner import PlanRequest, make_plan
-from app.runtime import load
-from app.server.app import create_app
-from app.server.serve import attach, build_service
-from app.server.settings import ServeSettings
 from conftest import REAL_CACHE, ROOT
+from openai import OpenAI
+from support.live import LiveServer, free_port
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class LiveServer:
-    """A real uvicorn server in a thread, over a real engine."""
-
-    def __init__(self, target, draft, settings: ServeSettings, parallel=2, ctx=1024):
-        t, d = read_model_info(target), read_model_info(draft) if draft else None
-        self.plan = make_plan(t, d, PlanRequest(ctx=ctx, ctx_is_user_choice=True, parallel=parallel, draft_max=4), detect(), ctx)
-        self.loaded = load(self.plan, t, d, 1, adaptive=True)
-        self.service = build_service(self.plan, t, d, "tiny")
-        self.app = create_app(settings, self.service)
-        attach(self.service, self.loaded, settings, self.app.state.count)
-        self.port = settings.port
-        self.server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning"))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-        self.thread.start()
-        for _ in range(100):
-            if self.server.started:
-                break
-            time.sleep(0.05)
-        self.url = f"http://127.0.0.1:{self.port}"
-
-    def close(self):
-        self.server.should_exit = True
-        self.thread.join(10)
-        self.service.scheduler.stop()
-        self.loaded.close()
+from app.server.settings import ServeSettings
 
 
 @pytest.fixture(scope="module")

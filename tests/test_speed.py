@@ -3,14 +3,22 @@
 import json
 
 import pytest
+from conftest import run_cli
 
-from app.engine.controller import (UNPROVEN_K_MAX, Acceptance, Candidate, Controller, CostModel, calibrate,
-                                   calibration_sizes, expected_tokens)
+from app.engine.controller import (
+    UNPROVEN_K_MAX,
+    Acceptance,
+    Candidate,
+    Controller,
+    CostModel,
+    calibrate,
+    calibration_sizes,
+    expected_tokens,
+)
 from app.engine.drafter import AdaptiveDrafter, LookupDrafter, lookup_key
 from app.engine.engine import Engine, Request, SpecParams
-from app.llama_ctx import Context, Model
-from app.planner import ModelParams
-from conftest import run_cli
+from app.llama.context import Context, Model
+from app.llama.params import ModelParams
 
 
 def test_lookup_proposes_what_followed_the_longest_match():

@@ -20,7 +20,7 @@ import pytest
 from conftest import REAL_CACHE, ROOT, run_cli
 from openai import OpenAI
 
-from app.catalog import load_catalog
+from app.models.catalog import load_catalog
 
 SPECDECK = [sys.executable, "-m", "app.cli"]
 

@@ -9,8 +9,8 @@ import platform
 import sys
 from pathlib import Path
 
-from .isa import build_sets
-from .ladder import RECORD_NAME
+from app.build.isa import build_sets
+from app.build.ladder import RECORD_NAME
 
 
 @functools.cache
@@ -18,7 +18,7 @@ def system_info() -> str:
     """llama.cpp's own description of the CPU backend ("CPU : SSE3 = 1 | ... | REPACK = 1 |")."""
     import llama_cpp
 
-    from ..llama_runtime import init_llama
+    from app.llama.backend import init_llama
 
     init_llama()  # the CPU backend reports its features once it is registered
     return llama_cpp.llama_print_system_info().decode(errors="replace").strip()

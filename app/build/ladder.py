@@ -36,7 +36,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from .isa import CpuIsa, read_cpu
+from app.build.isa import CpuIsa, read_cpu
 
 LLAMA_VERSION = "0.3.36"
 RECORD_NAME = "specdeck-build.json"
@@ -135,7 +135,9 @@ def install_wheel(python: str, wheel: Path, say: Callable[[str], None]) -> None:
 
 
 def smoke(python: str, gpu: bool):
-    from .smoke import run_smoke  # the child needs numpy, gguf and llama_cpp; this module does not
+    from app.build.smoke import (
+        run_smoke,  # the child needs numpy, gguf and llama_cpp; this module does not
+    )
 
     return run_smoke(python, gpu=gpu)
 

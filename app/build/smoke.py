@@ -45,7 +45,8 @@ class SmokeResult:
 def write_smoke_model(path: Path) -> Path:
     """A 2-layer llama with Q4_0 / Q8_0 matmul weights (~2 MB), deterministic."""
     import numpy as np
-    from gguf import GGMLQuantizationType as T, GGUFWriter, TokenType
+    from gguf import GGMLQuantizationType as T
+    from gguf import GGUFWriter, TokenType
     from gguf.quants import quantize
 
     rng = np.random.default_rng(7)
@@ -144,7 +145,7 @@ def _child(gpu: bool) -> int:
     import ctypes
     import re
 
-    from .cudalibs import preload
+    from app.build.cudalibs import preload
 
     preload()  # before llama_cpp loads its CUDA backend (a build made with the PyPI toolkit)
     import llama_cpp

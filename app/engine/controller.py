@@ -22,7 +22,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from ..llama_ctx import Context
+from app.llama.context import Context
 
 EMA = 0.9  # weight of the past in running estimates
 TRIAL_DECAY = 0.85  # weight of an acceptance observation after one more trial

@@ -17,11 +17,11 @@ from typing import Protocol
 
 import numpy as np
 
-from ..llama_ctx import Context, DecodeError
-from . import kv
-from .accept import draw
-from .controller import Candidate, Choice, Controller
-from .sampling import SamplingParams, TokenSampler
+from app.engine import kv
+from app.engine.accept import draw
+from app.engine.controller import Candidate, Choice, Controller
+from app.engine.sampling import SamplingParams, TokenSampler
+from app.llama.context import Context, DecodeError
 
 
 @dataclass

@@ -19,13 +19,19 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel, Field
 
-from ..errors import SpecdeckError
-from ..llama_ctx import Context, DecodeError
-from . import kv
-from .accept import Accepted, accept_by_match, accept_by_rejection, accept_greedy, draw
-from .drafter import Ask, Draft, Drafter
-from .records import RequestRecord, StepRecord
-from .sampling import SamplingParams, TokenSampler
+from app.engine import kv
+from app.engine.accept import (
+    Accepted,
+    accept_by_match,
+    accept_by_rejection,
+    accept_greedy,
+    draw,
+)
+from app.engine.drafter import Ask, Draft, Drafter
+from app.engine.records import RequestRecord, StepRecord
+from app.engine.sampling import SamplingParams, TokenSampler
+from app.errors import SpecdeckError
+from app.llama.context import Context, DecodeError
 
 
 class ContextOverflow(SpecdeckError):

@@ -15,8 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ..llama_ctx import Batch, Context
-
+from app.llama.context import Batch, Context
 
 CHUNK = 4096  # tokens compared at a time by C code (a Python loop over 100K tokens takes milliseconds)
 

@@ -16,8 +16,8 @@ import llama_cpp
 import numpy as np
 from pydantic import BaseModel, Field
 
-from ..errors import SpecdeckError
-from ..llama_runtime import capture_llama_log, init_llama
+from app.errors import SpecdeckError
+from app.llama.backend import capture_llama_log, init_llama
 
 _TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)], align=True)
 

@@ -8,8 +8,8 @@ import re
 import llama_cpp
 from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
-from ..errors import SpecdeckError
-from ..llama_ctx import Model
+from app.errors import SpecdeckError
+from app.llama.context import Model
 
 
 class Tokenizer:

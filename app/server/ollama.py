@@ -15,24 +15,24 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import Field
 
-from ..engine.records import RequestRecord, StepRecord
-from ..errors import SpecdeckError
-from .app import (
+from app.engine.records import RequestRecord, StepRecord
+from app.errors import SpecdeckError
+from app.server.core import (
     ApiError,
     Service,
-    _collect,
-    _events,
-    _fim_tokens,
-    _finish,
-    _require_ready,
-    _submit,
+    collect,
+    events,
+    fim_tokens,
+    finish_reason,
+    require_ready,
+    submit,
 )
-from .metrics import Metrics
-from .scheduler import Done, Failed
-from .schemas import Sampling, Tool, _Body
-from .settings import ServeSettings
-from .structured import ToolCallHold, json_grammar, parse_tool_calls
-from .textstream import TextStream
+from app.server.metrics import Metrics
+from app.server.scheduler import Done, Failed
+from app.server.schemas import Sampling, StrictBody, Tool
+from app.server.settings import ServeSettings
+from app.server.structured import ToolCallHold, json_grammar, parse_tool_calls
+from app.server.textstream import TextStream
 
 API_VERSION = "0.12.0"  # the Ollama API level these routes follow (clients check it for features)
 
@@ -40,7 +40,7 @@ API_VERSION = "0.12.0"  # the Ollama API level these routes follow (clients chec
 DEFAULTS = {"temperature": 0.8, "top_k": 40, "top_p": 0.9, "min_p": 0.0, "repeat_penalty": 1.1}
 
 
-class Options(_Body):
+class Options(StrictBody):
     temperature: float | None = Field(None, ge=0.0, le=2.0)
     top_k: int | None = Field(None, ge=0)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
@@ -54,7 +54,7 @@ class Options(_Body):
     num_ctx: int | None = Field(None, ge=1)  # the server's context is fixed by its plan: accepted, not applied
 
 
-class GenerateRequest(_Body):
+class GenerateRequest(StrictBody):
     model: str
     prompt: str = ""
     suffix: str | None = None
@@ -68,16 +68,16 @@ class GenerateRequest(_Body):
     keep_alive: str | int | None = None
 
 
-class ToolCallFunction(_Body):
+class ToolCallFunction(StrictBody):
     name: str
     arguments: dict[str, Any] = {}
 
 
-class ToolCallIn(_Body):
+class ToolCallIn(StrictBody):
     function: ToolCallFunction
 
 
-class Message(_Body):
+class Message(StrictBody):
     role: Literal["system", "user", "assistant", "tool"]
     content: str = ""
     images: list[str] | None = None
@@ -85,7 +85,7 @@ class Message(_Body):
     tool_name: str | None = None
 
 
-class ChatRequest(_Body):
+class ChatRequest(StrictBody):
     model: str
     messages: list[Message] = []
     tools: list[Tool] | None = None
@@ -95,7 +95,7 @@ class ChatRequest(_Body):
     keep_alive: str | int | None = None
 
 
-class ShowRequest(_Body):
+class ShowRequest(StrictBody):
     model: str | None = None
     name: str | None = None  # the older field name
     verbose: bool = False
@@ -149,13 +149,13 @@ def add_ollama_routes(app: FastAPI, settings: ServeSettings, service: Service, m
         if body.images:
             raise ApiError(400, "this model does not take images")
         if not body.prompt and body.suffix is None:  # Ollama: an empty prompt only loads the model
-            _require_ready(service)
+            require_ready(service)
             return {"model": body.model, "created_at": _now(), "response": "", "done": True, "done_reason": "load"}
-        _require_ready(service)
+        require_ready(service)
         ids = _generate_tokens(service, body)
         sampling = _sampling(body.options, body.stream)
         grammar = _format_grammar(body.format)
-        job = _submit(service, settings, metrics, sampling, ids, grammar)
+        job = submit(service, settings, metrics, sampling, ids, grammar)
         text = TextStream(lambda t: service.tokenizer.piece_bytes(t), sampling.stops())
 
         def final(rec: RequestRecord, reason: str) -> dict:
@@ -165,8 +165,8 @@ def add_ollama_routes(app: FastAPI, settings: ServeSettings, service: Service, m
         if body.stream:
             chunk = lambda delta: {"model": body.model, "created_at": _now(), "response": delta, "done": False}  # noqa: E731
             return _ndjson(_stream(request, job, text, ToolCallHold(False), chunk, lambda rec, reason, _held: final(rec, reason)))
-        content, rec = await _collect(request, job, text)
-        out = final(rec, _finish(text, rec))
+        content, rec = await collect(request, job, text)
+        out = final(rec, finish_reason(text, rec))
         out["response"] = content
         return out
 
@@ -175,10 +175,10 @@ def add_ollama_routes(app: FastAPI, settings: ServeSettings, service: Service, m
     async def chat(body: ChatRequest, request: Request):
         _check_name(body.model, service)
         if not body.messages:  # Ollama: no messages only loads the model
-            _require_ready(service)
+            require_ready(service)
             return {"model": body.model, "created_at": _now(), "message": {"role": "assistant", "content": ""},
                     "done": True, "done_reason": "load"}
-        _require_ready(service)
+        require_ready(service)
         if any(m.images for m in body.messages):
             raise ApiError(400, "this model does not take images")
         tools = [t.function.model_dump(exclude_none=True) for t in body.tools or []]
@@ -190,7 +190,7 @@ def add_ollama_routes(app: FastAPI, settings: ServeSettings, service: Service, m
         except Exception as e:  # noqa: BLE001 - a template that cannot render these messages
             raise ApiError(400, f"cannot render these messages with the model's chat template: {e}") from None
         sampling = _sampling(body.options, body.stream)
-        job = _submit(service, settings, metrics, sampling, ids, _format_grammar(body.format))
+        job = submit(service, settings, metrics, sampling, ids, _format_grammar(body.format))
         text = TextStream(lambda t: service.tokenizer.piece_bytes(t), sampling.stops())
         names = {t["name"] for t in tools}
 
@@ -209,10 +209,10 @@ def add_ollama_routes(app: FastAPI, settings: ServeSettings, service: Service, m
             chunk = lambda delta: {"model": body.model, "created_at": _now(),  # noqa: E731
                                    "message": {"role": "assistant", "content": delta}, "done": False}
             return _ndjson(_stream(request, job, text, ToolCallHold(bool(tools)), chunk, final))
-        content, rec = await _collect(request, job, text)
+        content, rec = await collect(request, job, text)
         content, calls = parse_tool_calls(content, names) if tools else (content, [])
         return {"model": body.model, "created_at": _now(), "message": message(content or "", calls), "done": True,
-                "done_reason": _finish(text, rec), **_durations(rec)}
+                "done_reason": finish_reason(text, rec), **_durations(rec)}
 
 
 # -- helpers --------------------------------------------------------------------------------------
@@ -285,7 +285,7 @@ def _format_grammar(fmt: str | dict | None) -> str | None:
 def _generate_tokens(service: Service, body: GenerateRequest) -> list[int]:
     tok = service.tokenizer
     if body.suffix is not None:
-        ids = _fim_tokens(tok, body.prompt, body.suffix, [])
+        ids = fim_tokens(tok, body.prompt, body.suffix, [])
     elif body.raw or not tok.chat_template:
         ids = tok.encode(body.prompt, add_special=not body.context)
     else:
@@ -331,7 +331,7 @@ def _ndjson(lines: AsyncIterator[dict]) -> StreamingResponse:
 
 async def _stream(request: Request, job, text: TextStream, hold: ToolCallHold, chunk: Callable[[str], dict],
                   final: Callable[[RequestRecord, str, str], dict]) -> AsyncIterator[dict]:
-    async for event in _events(request, job):
+    async for event in events(request, job):
         if isinstance(event, StepRecord):
             delta = hold.push(text.push(event.tokens))
             if text.stopped:
@@ -345,4 +345,4 @@ async def _stream(request: Request, job, text: TextStream, hold: ToolCallHold, c
             tail = hold.push(text.flush())
             if tail:
                 yield chunk(tail)
-            yield final(event.record, _finish(text, event.record), hold.held)
+            yield final(event.record, finish_reason(text, event.record), hold.held)

@@ -16,11 +16,11 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-from ..engine.engine import Engine, PoolBusy, Request, Slot
-from ..engine.kv import common_prefix
-from ..engine.records import RequestRecord, StepRecord
-from ..errors import SpecdeckError
-from ..llama_ctx import DecodeError
+from app.engine.engine import Engine, PoolBusy, Request, Slot
+from app.engine.kv import common_prefix
+from app.engine.records import RequestRecord, StepRecord
+from app.errors import SpecdeckError
+from app.llama.context import DecodeError
 
 
 class QueueFull(SpecdeckError):

@@ -28,7 +28,7 @@ def _text_is_unicode(value: Any) -> None:
             todo.extend(v)
 
 
-class _Body(BaseModel):
+class StrictBody(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     @model_validator(mode="before")
@@ -38,22 +38,22 @@ class _Body(BaseModel):
         return data
 
 
-class SpeculativeOptions(_Body):
+class SpeculativeOptions(StrictBody):
     enabled: bool = True
     n_max: int | None = Field(None, ge=0, le=64)
 
 
-class StreamOptions(_Body):
+class StreamOptions(StrictBody):
     include_usage: bool = False
 
 
-class JsonSchemaFormat(_Body):
+class JsonSchemaFormat(StrictBody):
     name: str = "response"
     schema_: dict[str, Any] | None = Field(None, alias="schema")
     strict: bool | None = None
 
 
-class ResponseFormat(_Body):
+class ResponseFormat(StrictBody):
     type: Literal["text", "json_object", "json_schema"]
     json_schema: JsonSchemaFormat | None = None
     schema_: dict[str, Any] | None = Field(None, alias="schema")  # llama.cpp's shorthand with json_object
@@ -62,7 +62,7 @@ class ResponseFormat(_Body):
         return self.json_schema.schema_ if self.json_schema is not None else self.schema_
 
 
-class Sampling(_Body):
+class Sampling(StrictBody):
     model: str | None = None
     max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)
@@ -91,39 +91,39 @@ class Sampling(_Body):
         return [self.stop] if isinstance(self.stop, str) else list(self.stop)
 
 
-class FunctionDef(_Body):
+class FunctionDef(StrictBody):
     name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")
     description: str | None = None
     parameters: dict[str, Any] | None = None
     strict: bool | None = None
 
 
-class Tool(_Body):
+class Tool(StrictBody):
     type: Literal["function"] = "function"
     function: FunctionDef
 
 
-class ToolCallFunction(_Body):
+class ToolCallFunction(StrictBody):
     name: str
     arguments: str | dict[str, Any] = "{}"
 
 
-class ToolCall(_Body):
+class ToolCall(StrictBody):
     id: str | None = None
     type: Literal["function"] = "function"
     function: ToolCallFunction
 
 
-class NamedToolChoiceFunction(_Body):
+class NamedToolChoiceFunction(StrictBody):
     name: str
 
 
-class NamedToolChoice(_Body):
+class NamedToolChoice(StrictBody):
     type: Literal["function"] = "function"
     function: NamedToolChoiceFunction
 
 
-class ChatMessage(_Body):
+class ChatMessage(StrictBody):
     role: Literal["system", "user", "assistant", "tool", "developer"]
     content: str | list[dict[str, Any]] | None = None
     name: str | None = None
@@ -149,12 +149,12 @@ class CompletionRequest(Sampling):
     echo: bool = False
 
 
-class InfillExtra(_Body):
+class InfillExtra(StrictBody):
     filename: str = ""
     text: str = ""
 
 
-class InfillRequest(_Body):
+class InfillRequest(StrictBody):
     input_prefix: str = ""
     input_suffix: str = ""
     input_extra: list[InfillExtra] = []

@@ -12,14 +12,14 @@ import time
 
 import uvicorn
 
-from ..errors import SpecdeckError
-from ..gguf_info import ModelInfo
-from ..planner import Plan
-from ..runtime import Loaded, load
-from . import sdnotify
-from .app import Service, create_app
-from .scheduler import Scheduler
-from .settings import ServeSettings
+from app.engine.loader import Loaded, load
+from app.errors import SpecdeckError
+from app.gguf.info import ModelInfo
+from app.plan.planner import Plan
+from app.server import sdnotify
+from app.server.app import Service, create_app
+from app.server.scheduler import Scheduler
+from app.server.settings import ServeSettings
 
 log = logging.getLogger("specdeck.server")
 

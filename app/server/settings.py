@@ -9,7 +9,7 @@ from pathlib import Path
 from pydantic import Field, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from ..errors import SpecdeckError
+from app.errors import SpecdeckError
 
 
 class ServeSettings(BaseSettings):
@@ -29,12 +29,12 @@ class ServeSettings(BaseSettings):
     log_prompts: bool = Field(False, description="log request text (off: only counts and timings)")
 
     def check(self) -> None:
-        if not _is_loopback(self.host) and not self.api_key:
+        if not is_loopback(self.host) and not self.api_key:
             raise SpecdeckError(f"refusing to listen on {self.host} without an API key",
                                 hint="set SPECDECK_API_KEY or --api-key-file, or bind 127.0.0.1")
 
 
-def _is_loopback(host: str) -> bool:
+def is_loopback(host: str) -> bool:
     if host == "localhost":
         return True
     try:

@@ -13,7 +13,7 @@ import time
 
 import psutil
 
-from ..engine.records import RequestRecord, StepRecord
+from app.engine.records import RequestRecord, StepRecord
 
 
 class LiveStats:

@@ -9,7 +9,7 @@ import re
 
 from llama_cpp.llama_grammar import JSON_GBNF, json_schema_to_gbnf
 
-from ..errors import SpecdeckError
+from app.errors import SpecdeckError
 
 TOOL_CALL_OPEN, TOOL_CALL_CLOSE = "<tool_call>", "</tool_call>"
 

@@ -1,0 +1,232 @@
+"""`specdeck bench`: tokens/s with speculation off, with the draft model, with prompt lookup and
+with the adaptive choice, on the same prompts, side by side in one run; and, where a llama-server
+built from the same llama.cpp sources is present, the same prompts through it as anchors.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from app.commands.equivalence import prompt_tokens
+from app.engine.controller import Controller, calibrate
+from app.engine.drafter import AdaptiveDrafter, LookupDrafter, ModelDrafter
+from app.engine.engine import Engine, Request, SpecParams
+from app.engine.loader import Loaded
+
+MODES = ("plain", "adaptive", "lookup", "draft")  # plain and adaptive side by side; the order flips each repeat
+DRAFT_N_MAX = 8  # the draft model at a fixed length, greedy (our "draft" mode)
+ANCHOR_P_MIN = 0.75  # llama-server's best draft setting here (FACTS: n-max 8, p-min 0.75)
+ADAPTIVE_N_MAX = 48  # the controller may go this long (lookup proposals are free to make; llama-server's ngram-simple drafts 48)
+
+
+@dataclass
+class ModeResult:
+    tok_s: list[float] = field(default_factory=list)
+    acceptance: list[float] = field(default_factory=list)
+    tokens_per_decode: list[float] = field(default_factory=list)
+    python_ms_per_drafted: list[float] = field(default_factory=list)
+
+    def summary(self) -> dict:
+        med = lambda xs: statistics.median(xs) if xs else None  # noqa: E731
+        return {
+            "tok_s": med(self.tok_s), "tok_s_min": min(self.tok_s, default=None), "tok_s_max": max(self.tok_s, default=None),
+            "tok_s_all": list(self.tok_s),
+            "acceptance": med(self.acceptance), "tokens_per_decode": med(self.tokens_per_decode),
+            "python_ms_per_drafted_token": med(self.python_ms_per_drafted),
+        }
+
+
+def _drafters(loaded: Loaded, controller: Controller) -> dict:
+    model = ModelDrafter(loaded.draft) if loaded.draft else None
+    return {
+        "plain": None,
+        "draft": model,
+        "lookup": LookupDrafter(),
+        "adaptive": AdaptiveDrafter(controller, LookupDrafter(), ModelDrafter(loaded.draft) if loaded.draft else None),
+    }
+
+
+def run_engine(loaded: Loaded, prompts: list[dict], max_tokens: int, repeats: int, modes=MODES, log=print,
+               anchors: AnchorServers | None = None) -> tuple[dict, dict, dict]:
+    """{kind: {mode: summary}}, the calibrated costs, and {anchor: {kind: tok_s}} measured next to
+    each prompt's runs (when `anchors` are up)."""
+    t = time.perf_counter()
+    costs = calibrate(loaded.target, loaded.draft, ADAPTIVE_N_MAX)
+    log(f"calibrated in {time.perf_counter() - t:.1f} s: c_verify(n) ms "
+        + " ".join(f"{n}: {costs.verify[n] * 1e3:.1f}" for n in sorted(costs.verify))
+        + (f"; c_draft {costs.draft * 1e3:.1f} ms" if costs.draft else ""))
+    controller = Controller(costs)
+    drafters = _drafters(loaded, controller)
+    tok = loaded.tokenizer
+    results: dict[str, dict[str, ModeResult]] = {}
+    anchor_runs: dict[str, dict[str, list[float]]] = {}
+    for rep in range(repeats):
+        for item in prompts:
+            kind = item.get("kind", "custom")
+            ids = prompt_tokens(tok, item)
+            # ABBA: each repeat runs the modes in the other order, so a drift in this machine's speed
+            # falls on both sides of the adaptive / plain ratio (taken per repeat, then the median)
+            for mode in (modes if rep % 2 == 0 else tuple(reversed(modes))):
+                drafter = drafters[mode]
+                if mode != "plain" and drafter is None:
+                    continue
+                n_max = ADAPTIVE_N_MAX if mode == "adaptive" else DRAFT_N_MAX
+                engine = Engine(loaded.target, drafter, 1, draft_limit=n_max)
+                d_ctx = loaded.draft
+                d0 = (d_ctx.decode_seconds if d_ctx else 0.0)
+                req = Request(prompt=ids, max_tokens=max_tokens, stop_tokens=tok.stop_tokens,
+                              speculative=SpecParams(enabled=mode != "plain", n_max=n_max))
+                for _ in engine.generate(req):
+                    pass
+                r = engine.slots[0].record
+                if drafter is not None:
+                    drafter.release(0)
+                res = results.setdefault(kind, {}).setdefault(mode, ModeResult())
+                res.tok_s.append(r.generation_tps or 0.0)
+                if r.acceptance is not None:
+                    res.acceptance.append(r.acceptance)
+                res.tokens_per_decode.append(r.tokens_per_decode or 0.0)
+                if mode == "draft" and r.drafted:
+                    in_llama = (d_ctx.decode_seconds - d0) if d_ctx else 0.0
+                    res.python_ms_per_drafted.append(max(r.t_draft - in_llama, 0.0) / r.drafted * 1e3)
+                log(f"  [{rep + 1}/{repeats}] {kind:16} {mode:9} {r.generation_tps or 0:6.1f} tok/s"
+                    f"  acceptance {r.acceptance if r.acceptance is None else round(r.acceptance, 2)}"
+                    f"  tokens/decode {r.tokens_per_decode or 0:.2f}")
+            for name in (anchors.urls if anchors else {}):
+                tps = anchors.measure(name, ids, max_tokens)
+                anchor_runs.setdefault(name, {}).setdefault(kind, []).append(tps)
+                log(f"  [{rep + 1}/{repeats}] {kind:16} {name:20} {tps:6.1f} tok/s")
+    summary = {kind: {mode: res.summary() for mode, res in modes_.items()} for kind, modes_ in results.items()}
+    anchor_summary = {name: {kind: statistics.median(v) for kind, v in kinds.items()} for name, kinds in anchor_runs.items()}
+    anchor_summary["runs"] = anchor_runs
+    return (summary, {"c_verify_ms": {n: v * 1e3 for n, v in costs.verify.items()}, "c_draft_ms": (costs.draft or 0) * 1e3},
+            anchor_summary if anchor_runs else {})
+
+
+# -- llama-server anchors ----------------------------------------------------------------------
+
+ANCHORS = {
+    "llama_server_plain": [],
+    "llama_server_draft": ["--spec-type", "draft-simple", "-md", "{draft}", "--spec-draft-n-max", str(DRAFT_N_MAX),
+                           "--spec-draft-p-min", str(ANCHOR_P_MIN)],
+    "llama_server_lookup": ["--spec-type", "ngram-simple"],
+}
+
+
+def find_llama_server() -> Path | None:
+    env = os.environ.get("SPECDECK_LLAMA_SERVER")
+    if env and Path(env).is_file():
+        return Path(env)
+    cache = Path(os.environ.get("SPECDECK_LLAMA_CPP_DIR") or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "specdeck" / "llama.cpp")
+    built = cache / "build" / "bin" / "llama-server"
+    if built.is_file():
+        return built
+    found = shutil.which("llama-server")
+    return Path(found) if found else None
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _post(url: str, body: dict, timeout: float = 600) -> dict:
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        return json.loads(r.read())
+
+
+def wait_ready(url: str, proc: subprocess.Popen, timeout: float = 300) -> None:
+    t = time.time()
+    while time.time() - t < timeout:
+        if proc.poll() is not None:
+            raise RuntimeError(f"llama-server exited with {proc.returncode}")
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.5)
+    raise RuntimeError("llama-server did not become ready")
+
+
+class AnchorServers:
+    """llama-server with each anchor's flags, all started up front and kept up, so every anchor is
+    measured right next to specdeck's own runs of the same prompt (this machine's speed drifts)."""
+
+    def __init__(self, server: Path, target: Path, draft: Path | None, threads: int, n_ctx: int) -> None:
+        self.urls: dict[str, str] = {}
+        self.procs: list[subprocess.Popen] = []
+        self.args = (server, target, draft, threads, n_ctx)
+
+    def __enter__(self) -> AnchorServers:
+        server, target, draft, threads, n_ctx = self.args
+        try:
+            for name, extra in ANCHORS.items():
+                if any("{draft}" in a for a in extra) and draft is None:
+                    continue
+                port = free_port()
+                args = [str(server), "-m", str(target), "--host", "127.0.0.1", "--port", str(port), "-t", str(threads),
+                        "-tb", str(threads), "-c", str(n_ctx), "-np", "1", "--no-warmup"]
+                args += [a.replace("{draft}", str(draft)) for a in extra]
+                proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                self.procs.append(proc)
+                url = f"http://127.0.0.1:{port}"
+                wait_ready(url, proc)
+                self.urls[name] = url
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def measure(self, name: str, ids: list[int], max_tokens: int) -> float:
+        """Generated tokens/s for one greedy request through llama-server's /completion."""
+        r = _post(self.urls[name] + "/completion", {"prompt": ids, "n_predict": max_tokens, "temperature": 0,
+                                                    "cache_prompt": False, "top_k": 1})
+        return float(r["timings"]["predicted_per_second"])
+
+    def __exit__(self, *exc) -> None:
+        for proc in self.procs:
+            proc.terminate()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        self.procs = []
+
+
+def paired(a: list[float], b: list[float]) -> tuple[float, float, float] | None:
+    """Median, min and max of a[i] / b[i]: runs of the same repeat, minutes apart at most."""
+    pairs = [x / y for x, y in zip(a, b) if y]
+    return (statistics.median(pairs), min(pairs), max(pairs)) if pairs else None
+
+
+def ratios(workloads: dict, anchor_runs: dict) -> dict:
+    """The goals as ratios measured in this run, each taken per repeat (side by side), then the median.
+    `anchor_runs`: {anchor: {kind: [tok_s per repeat]}}."""
+    runs = anchor_runs
+    out = {}
+    for kind, modes in workloads.items():
+        all_ = lambda m, modes=modes: (modes.get(m) or {}).get("tok_s_all") or []  # noqa: E731
+        anchor = lambda a, kind=kind: runs.get(a, {}).get(kind) or []  # noqa: E731
+        r = {}
+        for key, a, b in (("adaptive_vs_plain", all_("adaptive"), all_("plain")),
+                          ("plain_vs_llama_server_plain", all_("plain"), anchor("llama_server_plain")),
+                          ("adaptive_vs_llama_server_draft", all_("adaptive"), anchor("llama_server_draft")),
+                          ("adaptive_vs_llama_server_lookup", all_("adaptive"), anchor("llama_server_lookup"))):
+            got = paired(a, b)
+            if got:
+                r[key], r[key + "_min"], r[key + "_max"] = got
+        out[kind] = r
+    return out

@@ -1,0 +1,115 @@
+"""What the commands share: the catalogue and selection from the flags, the fetcher, model headers
+(local, else the hub's), the server settings and the plan request. No command module imports the CLI."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from rich.console import Console
+
+from app.errors import DownloadError, SpecdeckError
+from app.gguf.info import ModelInfo, read_model_info
+from app.models.catalog import Catalog, load_catalog
+from app.models.fetch import Fetched, Fetcher
+from app.models.refs import ModelRef, Selection, select
+from app.plan.hardware import default_preset_reason, detect
+from app.plan.planner import PlanRequest
+from app.server.settings import ServeSettings
+from app.settings import hub_settings, paths
+
+console = Console(stderr=True, highlight=False)
+
+
+def catalog_from_args(args: argparse.Namespace) -> Catalog:
+    return load_catalog(Path(args.models) if args.models else None)
+
+
+def default_preset(catalog: Catalog) -> str:
+    gpu, why = default_preset_reason(detect())
+    name = catalog.default_gpu_preset if gpu else catalog.default_cpu_preset
+    console.print(f"[dim]preset {name}: {why}[/]")
+    return name
+
+
+def make_selection(args: argparse.Namespace, catalog: Catalog) -> Selection:
+    return select(catalog, args.name, args.target, args.draft, lambda: default_preset(catalog))
+
+
+def make_fetcher(args: argparse.Namespace) -> Fetcher:
+    return Fetcher(paths(), hub_settings(), console, offline=getattr(args, "offline", False),
+                   force_verify=getattr(args, "verify", False))
+
+
+def pull_one(fetcher: Fetcher, ref: ModelRef) -> Fetched:
+    if ref.path is not None:
+        return fetcher.local(ref.path)
+    assert ref.spec is not None
+    console.print(f"[bold]{ref.spec.name}[/]: {ref.spec.label}")
+    return fetcher.ensure(ref.spec)
+
+
+def local_path(fetcher: Fetcher, ref: ModelRef) -> Path:
+    """A file to inspect: the user's own path, or a verified copy of a catalogue model already pulled."""
+    if ref.path is not None:
+        if not ref.path.is_file():
+            raise SpecdeckError(f"{ref.path}: no such file")
+        return ref.path
+    assert ref.spec is not None
+    got = fetcher.existing(ref.spec)
+    if got is None:
+        raise DownloadError(f"{ref.spec.name} is not on disk", hint=f"run `specdeck pull {ref.spec.name}` first")
+    return got.path
+
+
+def model_info(fetcher: Fetcher, ref: ModelRef) -> ModelInfo:
+    """The model's header: the local file, else (a catalogue model not pulled yet) read from the hub."""
+    if ref.path is not None or ref.spec is None:
+        return read_model_info(local_path(fetcher, ref))
+    info, how = fetcher.header_info(ref.spec)
+    if how != "on disk":
+        console.print(f"[dim]{ref.spec.name}: not pulled yet; planned from its {how}[/]", soft_wrap=True)
+    return info
+
+
+def doctor_subject(args: argparse.Namespace, settings: ServeSettings):
+    from app.commands.doctor import Subject
+
+    catalog = catalog_from_args(args)
+    config = Path(args.config) if args.config else paths().config_dir / "config.toml"
+    return Subject(make_selection(args, catalog), make_fetcher(args), settings.host, settings.port, bool(settings.api_key),
+                   Path(args.api_key_file) if getattr(args, "api_key_file", None) else None, config, bool(args.config),
+                   plan_request(args))
+
+
+def serve_settings(args: argparse.Namespace, check: bool = True, use_config: bool = True) -> ServeSettings:
+    """Server settings: config file, then SPECDECK_* variables, then flags (serve, up and run).
+    `check=False` (doctor) reports an unsafe exposure as a check instead of refusing."""
+    from app.server.settings import load_settings, read_key_file
+
+    config = Path(args.config) if args.config else paths().config_dir / "config.toml"
+    overrides = {"host": getattr(args, "host", None), "port": getattr(args, "port", None),
+                 "max_queue": getattr(args, "max_queue", None), "draft_max": args.draft_max,
+                 "cors_origins": getattr(args, "cors_origin", None), "log_prompts": getattr(args, "log_prompts", False) or None,
+                 "speculative": False if args.no_speculative else None}
+    if getattr(args, "api_key_file", None) and check:
+        overrides["api_key"] = read_key_file(Path(args.api_key_file))
+    if getattr(args, "api_key_file", None) and not check:
+        try:
+            overrides["api_key"] = read_key_file(Path(args.api_key_file))
+        except SpecdeckError:
+            overrides.pop("api_key", None)  # doctor names the key file's problem in its own line
+    settings = load_settings(config if use_config and (args.config or config.exists()) else None, overrides)
+    if check:
+        settings.check()
+    return settings
+
+
+def plan_request(args: argparse.Namespace, **more) -> PlanRequest:
+    """A PlanRequest from the shared override flags (plus what the command adds)."""
+    return PlanRequest(
+        ctx=args.ctx, ctx_is_user_choice=args.ctx is not None,
+        cache_type_k=args.cache_type_k or args.cache_type, cache_type_v=args.cache_type_v or args.cache_type,
+        n_gpu_layers=args.n_gpu_layers, parallel=args.parallel, draft_max=args.draft_max, **more,
+    )
+

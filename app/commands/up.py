@@ -1,0 +1,343 @@
+"""`specdeck up` and `specdeck run`: from nothing to a served (or chatting) pair, step by step.
+
+    detect hardware → pull and verify → check the pair → plan memory → load → warm up → serve → dashboard
+
+Each step is the code path its own command uses (pull, check, plan, serve); the first that fails
+stops with one clear line, and whatever was already made (the bound port, loaded contexts) is
+released. Ctrl-C while serving finishes or cancels requests in flight, frees the contexts, exit 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import logging
+import signal
+import sys
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from prometheus_client import generate_latest
+from rich.console import Console
+from rich.live import Live
+
+from app.commands.check import check_pair
+from app.commands.dashboard import build_snapshot, loading_snapshot, log_line, render
+from app.engine.loader import Loaded
+from app.errors import PairError, SpecdeckError
+from app.gguf.info import ModelInfo, read_model_info
+from app.models.refs import Selection
+from app.plan.hardware import Hardware, detect
+from app.plan.planner import Plan, make_plan
+from app.plan.view import render_plan
+from app.server.settings import ServeSettings
+
+STEPS = ("detect hardware", "pull and verify", "check the pair", "plan memory", "load models", "warm up", "serve")
+
+
+class Steps:
+    """Numbered steps on the console, each closed with its time and a short result."""
+
+    def __init__(self, console: Console, names: tuple[str, ...]) -> None:
+        self.console, self.names, self.current = console, names, ""
+
+    @contextmanager
+    def step(self, name: str, spinner: bool = False):
+        self.current = name
+        n = self.names.index(name) + 1
+        self.console.print(f"[bold][{n}/{len(self.names)}] {name}[/]")
+        t = time.perf_counter()
+        result: dict = {}
+        if spinner and self.console.is_terminal:
+            with self.console.status(f"{name}…"):
+                yield result
+        else:
+            yield result
+        self.console.print(f"  [green]✓[/] {result.get('done', 'done')} [dim]({time.perf_counter() - t:.1f} s)[/]",
+                           soft_wrap=True)
+
+
+@dataclass
+class Prepared:
+    name: str
+    plan: Plan
+    target: ModelInfo
+    draft: ModelInfo | None
+    hw: Hardware
+
+
+def prepare(args: argparse.Namespace, settings: ServeSettings, steps: Steps) -> Prepared:
+    """Hardware, pull, check, plan: the same functions `pull`, `check` and `plan` run."""
+    from app.commands.common import doctor_subject, plan_request, pull_one
+    from app.commands.doctor import failed, machine_checks
+
+    with steps.step("detect hardware") as r:
+        hw = detect()
+        gpus = ", ".join(f"{g.name} {g.total / 2**30:.1f} GiB" for g in hw.gpus) or "no NVIDIA GPU"
+        subject = doctor_subject(args, settings)
+        sel: Selection = subject.selection
+        fetcher = subject.fetcher
+        checks = machine_checks(subject, hw, port=False)  # the port is already bound: ours
+        for c in checks:
+            if c.status == "warn":
+                steps.console.print(f"  [yellow]![/] {c.name}: {c.summary}", soft_wrap=True)
+        bad = failed(checks)
+        if bad:
+            raise SpecdeckError(f"{bad[0].name}: {bad[0].summary}", hint=f"fix: {bad[0].fix}" if bad[0].fix else None)
+        r["done"] = (f"{gpus}; {hw.ram_total / 2**30:.1f} GiB RAM, {hw.cpu_count} cores; preset {sel.name}; "
+                     f"doctor: {len(checks)} checks, none failed")
+    with steps.step("pull and verify") as r:
+        roles = [("target", sel.target)] + ([("draft", sel.draft)] if sel.draft and settings.speculative else [])
+        got = {role: pull_one(fetcher, ref) for role, ref in roles}
+        r["done"] = "; ".join(f"{role} {g.path.name} ({g.source}, {'hashed now' if g.hashed_now else 'verified earlier'})"
+                              for role, g in got.items())
+    with steps.step("check the pair", spinner=True) as r:
+        result = check_pair(got["target"].path, got["draft"].path if "draft" in got else None, probe=True)
+        for w in result.warnings:
+            steps.console.print(f"  [yellow]warning:[/] {w}", soft_wrap=True)
+        if result.draft is not None and not result.compatible:
+            bad = result.incompatibility
+            raise PairError(f"the draft cannot serve the target (rule {bad.rule}): {bad.message}" if bad
+                            else "the draft cannot serve the target", hint="pick another draft with --draft")
+        r["done"] = "compatible (llama.cpp's rules)" if result.draft is not None else "target readable (no draft)"
+    with steps.step("plan memory") as r:
+        target = read_model_info(got["target"].path)
+        draft = read_model_info(got["draft"].path) if "draft" in got else None
+        req = plan_request(args).model_copy(update={"draft_max": settings.draft_max})
+        plan = make_plan(target, draft, req, hw, sel.context)
+        steps.console.print(render_plan(plan, sel.name))
+        r["done"] = f"context {plan.ctx:,}, {plan.parallel} slot(s), {plan.used / 2**30:.2f} of {plan.budget / 2**30:.2f} GiB"
+    return Prepared(sel.name, plan, target, draft, hw)
+
+
+def prompt_ids(tok, messages: list[dict]) -> list[int]:
+    """Through the model's chat template; a model without one continues the plain text."""
+    if tok.chat_template:
+        return tok.chat_tokens(messages)
+    return tok.encode("\n".join(m["content"] for m in messages))
+
+
+def load_and_warm(prep: Prepared, threads: int, speculative: bool, steps: Steps) -> Loaded:
+    from app.engine.engine import Request, SpecParams
+    from app.engine.loader import load
+
+    with steps.step("load models", spinner=True) as r:
+        loaded = load(prep.plan, prep.target, prep.draft, threads, adaptive=speculative)
+        r["done"] = f"target n_ctx {loaded.target.n_ctx:,}" + (", draft loaded" if loaded.draft else "") + \
+                    (", speculation costs calibrated" if speculative else "")
+    try:
+        with steps.step("warm up", spinner=True) as r:
+            tok = loaded.tokenizer
+            req = Request(prompt=prompt_ids(tok, [{"role": "user", "content": "Say hi."}]), max_tokens=8,
+                          stop_tokens=tok.stop_tokens, speculative=SpecParams(enabled=speculative, n_max=prep.plan.draft_max))
+            t = time.perf_counter()
+            n = sum(len(rec.tokens) for rec in loaded.engine.generate(req, 0))
+            r["done"] = f"{n} tokens in {time.perf_counter() - t:.2f} s"
+    except BaseException:
+        loaded.close()
+        raise
+    return loaded
+
+
+# -- the dashboard loop ------------------------------------------------------------------------
+
+class EventLog(logging.Handler):
+    """Warnings and errors kept for the dashboard (printing them would tear the live screen)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.lines: collections.deque[str] = collections.deque(maxlen=2)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(f"{time.strftime('%H:%M:%S')} {record.getMessage()}"[:200])
+
+
+def watch(snapshot, out: Console, interval: float, log_interval: float) -> None:
+    """Draw `render(snapshot())` until Ctrl-C; one log line per `log_interval` when not a terminal."""
+    if out.is_terminal:
+        with Live(render(snapshot()), console=out, screen=True, auto_refresh=False) as live:
+            while True:
+                time.sleep(interval)
+                live.update(render(snapshot()), refresh=True)
+    else:
+        while True:
+            print(log_line(snapshot()), flush=True)
+            time.sleep(log_interval)
+
+
+@contextmanager
+def sigterm_as_interrupt():
+    """SIGTERM stops `up` the way Ctrl-C does."""
+    def handler(signum, frame):
+        raise KeyboardInterrupt
+
+    old = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
+def up(args: argparse.Namespace, settings: ServeSettings, console: Console, out: Console) -> int:
+    from app.server.app import create_app
+    from app.server.core import status_json
+    from app.server.serve import (
+        HttpThread,
+        attach,
+        bind_socket,
+        build_service,
+        shutdown,
+    )
+
+    settings.check()
+    sock = bind_socket(settings.host, settings.port)  # a busy port fails now, not after minutes of loading
+    steps = Steps(console, STEPS)
+    loaded: Loaded | None = None
+    http: HttpThread | None = None
+    service = None
+    events = EventLog()
+    try:
+        with sigterm_as_interrupt():
+            prep = prepare(args, settings, steps)
+            threads = args.threads or prep.hw.cpu_count
+            loaded = load_and_warm(prep, threads, settings.speculative, steps)
+            url = f"http://{settings.host}:{settings.port}"
+            with steps.step("serve") as r:
+                service = build_service(prep.plan, prep.target, prep.draft, prep.name)
+                app = create_app(settings, service)
+                attach(service, loaded, settings, app.state.count)
+                http = HttpThread(app, sock)
+                http.start()
+                r["done"] = f"OpenAI-compatible API on {url}/v1"
+            if out.is_terminal:  # request lines and warnings would tear the live screen: keep them for it
+                server_log = logging.getLogger("specdeck.server")
+                server_log.setLevel(logging.WARNING)
+                server_log.handlers[:] = [events]
+                server_log.propagate = False
+            metrics = app.state.metrics
+
+            def snapshot() -> dict:
+                if not service.ready:
+                    return loading_snapshot(url, "loading")
+                snap = build_snapshot(status_json(service, metrics), generate_latest(metrics.registry).decode(), url)
+                snap["events"] = list(events.lines)
+                return snap
+
+            try:
+                watch(snapshot, out, args.interval, args.log_interval)
+            except KeyboardInterrupt:
+                pass
+            console.print("stopping: finishing requests in flight (10 s at most), freeing the models")
+            busy = service.scheduler.busy_slots() if service.scheduler else 0
+            http.stop()
+            http = None
+            shutdown(service, loaded)
+            loaded = None
+            console.print(f"stopped cleanly ({busy} request(s) were in flight)")
+            return 0
+    except KeyboardInterrupt:
+        console.print(f"interrupted during: {steps.current}; nothing left running")
+        return 130
+    finally:
+        if http is not None:
+            http.stop()
+        if service is not None and loaded is not None:
+            shutdown(service, loaded)
+        elif loaded is not None:
+            loaded.close()
+        sock.close()
+
+
+# -- specdeck run -------------------------------------------------------------------------------
+
+RUN_HELP = 'Type a message; """ starts and ends a multi-line message; /clear forgets the chat; /bye quits.'
+
+
+def read_message(prompt: str = ">>> ") -> str | None:
+    """One message: a line, or a \"\"\"-fenced block. None at end of input."""
+    try:
+        line = input(prompt)
+    except EOFError:
+        return None
+    if not line.strip().startswith('"""'):
+        return line
+    first = line.strip()[3:]
+    if first.endswith('"""'):
+        return first[:-3]
+    lines = [first] if first else []
+    while True:
+        try:
+            line = input("... ")
+        except EOFError:
+            return "\n".join(lines)
+        if line.rstrip().endswith('"""'):
+            lines.append(line.rstrip()[:-3])
+            return "\n".join(lines).strip("\n")
+        lines.append(line)
+
+
+def chat(loaded: Loaded, plan: Plan, speculative: bool, out: Console, max_tokens: int) -> int:
+    from app.engine.engine import Request, SpecParams
+    from app.server.textstream import TextStream
+
+    tok = loaded.tokenizer
+    history: list[dict] = []
+    out.print(f"[dim]{RUN_HELP}[/]")
+    while True:
+        text = read_message()
+        if text is None or text.strip() == "/bye":
+            return 0
+        if text.strip() == "/clear":
+            history.clear()
+            out.print("[dim]chat cleared[/]")
+            continue
+        if not text.strip():
+            continue
+        if text.strip().startswith("/"):
+            out.print(f"[dim]unknown command {text.strip().split()[0]}. {RUN_HELP}[/]")
+            continue
+        history.append({"role": "user", "content": text})
+        ids = prompt_ids(tok, history)
+        room = loaded.target.n_ctx - len(ids) - 1
+        if room < 1:
+            history.pop()
+            out.print(f"[red]error:[/] the chat is {len(ids):,} tokens, the context {loaded.target.n_ctx:,}; /clear starts again")
+            continue
+        req = Request(prompt=ids, max_tokens=min(max_tokens, room), stop_tokens=tok.stop_tokens,
+                      speculative=SpecParams(enabled=speculative, n_max=plan.draft_max))
+        stream = TextStream(tok.piece_bytes, [])
+        parts: list[str] = []
+        t0 = time.perf_counter()
+        gen = loaded.engine.generate(req, 0)
+        try:
+            for rec in gen:
+                piece = stream.push(rec.tokens)
+                parts.append(piece)
+                sys.stdout.write(piece)
+                sys.stdout.flush()
+        except KeyboardInterrupt:
+            gen.close()  # the engine's finally keeps the cache consistent
+            parts.append(" [interrupted]")
+        tail = stream.flush()
+        parts.append(tail)
+        sys.stdout.write(tail + "\n")
+        history.append({"role": "assistant", "content": "".join(parts)})
+        r = loaded.engine.slots[0].record
+        if r is not None:
+            acc = f"{r.acceptance:.2f}" if r.acceptance is not None else "-"
+            out.print(f"[dim]{len(r.completion)} tokens · {r.generation_tps or 0:.1f} tok/s · acceptance {acc} · "
+                      f"{r.tokens_per_decode or 0:.2f} tokens/step · TTFT {r.ttft:.2f} s · "
+                      f"{time.perf_counter() - t0:.1f} s[/]")
+
+
+def run(args: argparse.Namespace, settings: ServeSettings, console: Console, out: Console) -> int:
+    steps = Steps(console, STEPS[:-1])
+    prep = prepare(args, settings, steps)
+    loaded = load_and_warm(prep, args.threads or prep.hw.cpu_count, settings.speculative, steps)
+    try:
+        return chat(loaded, prep.plan, settings.speculative, out, args.max_tokens)
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        loaded.close()

@@ -1,0 +1,45 @@
+"""Bring a plan to life: load target and draft with the plan's parameters, build the engine."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from app.engine.controller import Controller, calibrate
+from app.engine.drafter import AdaptiveDrafter, LookupDrafter, ModelDrafter
+from app.engine.engine import Engine
+from app.engine.text import Tokenizer
+from app.gguf.info import ModelInfo
+from app.llama.context import Context, Model
+from app.plan.planner import Plan
+
+
+@dataclass
+class Loaded:
+    engine: Engine
+    tokenizer: Tokenizer
+    target: Context
+    draft: Context | None
+
+    def close(self) -> None:
+        for c in (self.target, self.draft):
+            if c is not None:
+                c.close()
+                c.model.close()
+
+
+def load(plan: Plan, target: ModelInfo, draft: ModelInfo | None, threads: int, adaptive: bool = False) -> Loaded:
+    """Target and draft contexts from the plan, and an engine over them. `adaptive`: prompt lookup
+    and the draft model behind the controller, with costs calibrated on this machine now."""
+    tm = Model(Path(target.path), plan.target.n_gpu_layers)
+    tc = Context(tm, plan.target, threads)
+    dc = None
+    if draft is not None and plan.draft is not None:
+        dc = Context(Model(Path(draft.path), plan.draft.n_gpu_layers), plan.draft, threads)
+    drafter = ModelDrafter(dc) if dc else None
+    if adaptive:
+        # verify decodes hold up to every slot's last token and drafts: their costs are measured too
+        controller = Controller(calibrate(tc, dc, min(64, plan.parallel * (plan.draft_max + 1)) - 1))
+        drafter = AdaptiveDrafter(controller, LookupDrafter(), drafter)
+    engine = Engine(tc, drafter, plan.parallel, draft_limit=plan.draft_max)
+    return Loaded(engine, Tokenizer(tm, target.vocab.chat_template), tc, dc)

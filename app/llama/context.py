@@ -1,0 +1,160 @@
+"""Thin, typed wrappers over llama-cpp-python's low-level API: model, context, batch, decode.
+
+One place owns the ctypes details so the engine reads as the algorithm. Everything here is
+synchronous and single-threaded: one worker owns a context.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import llama_cpp
+import numpy as np
+
+from app.errors import SpecdeckError
+from app.llama.backend import init_llama
+from app.llama.measure import KV_TYPE_IDS
+from app.llama.params import ModelParams
+
+
+class DecodeError(SpecdeckError):
+    """llama_decode refused a batch (no KV slot, out of memory, aborted)."""
+
+
+_DECODE_ERRORS = {1: "no KV cache slot for the batch (context full)", 2: "aborted", -1: "invalid batch",
+                  -2: "out of memory or compute error", -3: "compute error"}
+
+
+class Model:
+    """A loaded GGUF model (weights mapped once; contexts are made from it)."""
+
+    def __init__(self, path: Path, n_gpu_layers: int = 0, use_extra_bufts: bool = True) -> None:
+        init_llama()
+        mp = llama_cpp.llama_model_default_params()
+        mp.n_gpu_layers = n_gpu_layers
+        mp.use_extra_bufts = use_extra_bufts
+        self.path = path
+        self.ptr = llama_cpp.llama_model_load_from_file(str(path).encode(), mp)
+        if not self.ptr:
+            raise SpecdeckError(f"{path}: llama.cpp could not load the model")
+        self.vocab = llama_cpp.llama_model_get_vocab(self.ptr)
+        self.n_vocab = int(llama_cpp.llama_vocab_n_tokens(self.vocab))
+        self.swa_window = int(llama_cpp.llama_model_n_swa(self.ptr))
+        self.is_recurrent = bool(llama_cpp.llama_model_is_recurrent(self.ptr) or llama_cpp.llama_model_is_hybrid(self.ptr))
+
+    def close(self) -> None:
+        if self.ptr:
+            llama_cpp.llama_model_free(self.ptr)
+            self.ptr = None
+
+    def __del__(self) -> None:
+        self.close()
+
+
+class Context:
+    """A llama.cpp context created exactly from a plan's ModelParams."""
+
+    def __init__(self, model: Model, p: ModelParams, n_threads: int) -> None:
+        cp = llama_cpp.llama_context_default_params()
+        cp.n_ctx, cp.n_batch, cp.n_ubatch = p.n_ctx, p.n_batch, p.n_ubatch
+        cp.n_seq_max, cp.kv_unified, cp.swa_full, cp.n_rs_seq = p.n_seq_max, p.kv_unified, p.swa_full, p.n_rs_seq
+        cp.type_k, cp.type_v = KV_TYPE_IDS[p.type_k], KV_TYPE_IDS[p.type_v]
+        cp.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED if p.flash_attn else llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
+        cp.n_threads = cp.n_threads_batch = n_threads
+        cp.no_perf = True
+        self.model = model
+        self.params = p
+        self.ptr = llama_cpp.llama_init_from_model(model.ptr, cp)
+        if not self.ptr:
+            raise SpecdeckError(f"{model.path.name}: llama.cpp could not create a context (n_ctx {p.n_ctx})")
+        self.mem = llama_cpp.llama_get_memory(self.ptr)
+        self.n_ctx = int(llama_cpp.llama_n_ctx(self.ptr))
+        self.batch = Batch(p.n_batch, p.n_seq_max)
+        self.decode_seconds = 0.0  # time inside llama_decode (what is not Python)
+        self.decodes = 0
+
+    def decode(self, batch: Batch) -> None:
+        t = time.perf_counter()
+        rc = llama_cpp.llama_decode(self.ptr, batch.raw)
+        self.decode_seconds += time.perf_counter() - t
+        self.decodes += 1
+        if rc != 0:
+            raise DecodeError(f"llama_decode failed ({rc}): {_DECODE_ERRORS.get(rc, 'unknown error')}")
+
+    def logits(self, i: int) -> np.ndarray:
+        """The logits at batch position i of the last decode (a view: copy before the next decode)."""
+        ptr = llama_cpp.llama_get_logits_ith(self.ptr, i)
+        if not ptr:
+            raise SpecdeckError(f"no logits for batch position {i}")
+        return np.ctypeslib.as_array(ptr, shape=(self.model.n_vocab,))
+
+    def seq_rm(self, seq: int, p0: int, p1: int = -1) -> bool:
+        return bool(llama_cpp.llama_memory_seq_rm(self.mem, seq, p0, p1))
+
+    @property
+    def shares_cells(self) -> bool:
+        """Can sequences share cells (`seq_cp`)? Only in one unified pool without sliding-window or
+        recurrent state, whose per-sequence windows and states do not share cleanly."""
+        return self.params.kv_unified and self.model.swa_window <= 0 and not self.model.is_recurrent
+
+    def seq_cp(self, src: int, dst: int, p0: int, p1: int) -> None:
+        """Let `dst` share `src`'s cells for positions [p0, p1) (a unified cache copies nothing)."""
+        llama_cpp.llama_memory_seq_cp(self.mem, src, dst, p0, p1)
+
+    def pos_max(self, seq: int) -> int:
+        return int(llama_cpp.llama_memory_seq_pos_max(self.mem, seq))
+
+    def pos_min(self, seq: int) -> int:
+        return int(llama_cpp.llama_memory_seq_pos_min(self.mem, seq))
+
+    def clear(self) -> None:
+        llama_cpp.llama_memory_clear(self.mem, True)
+
+    def synchronize(self) -> None:
+        llama_cpp.llama_synchronize(self.ptr)
+
+    def close(self) -> None:
+        if self.ptr:
+            llama_cpp.llama_free(self.ptr)
+            self.ptr = None
+        self.batch.close()
+
+    def __del__(self) -> None:
+        self.close()
+
+
+class Batch:
+    """A reusable llama_batch: fill it with (token, position, sequence, wants-logits) rows."""
+
+    def __init__(self, capacity: int, n_seq_max: int) -> None:
+        self.capacity = capacity
+        self.raw = llama_cpp.llama_batch_init(capacity, 0, max(1, n_seq_max))
+        self.n_out = 0
+
+    def clear(self) -> None:
+        self.raw.n_tokens = 0
+        self.n_out = 0
+
+    def add(self, token: int, pos: int, seq: int, logits: bool) -> int:
+        """Append one token; returns its batch position (what `Context.logits` takes)."""
+        i = self.raw.n_tokens
+        if i >= self.capacity:
+            raise SpecdeckError(f"batch over capacity ({self.capacity})")
+        self.raw.token[i] = token
+        self.raw.pos[i] = pos
+        self.raw.n_seq_id[i] = 1
+        self.raw.seq_id[i][0] = seq
+        self.raw.logits[i] = logits
+        self.raw.n_tokens = i + 1
+        self.n_out += int(logits)
+        return i
+
+    def __len__(self) -> int:
+        return int(self.raw.n_tokens)
+
+    def close(self) -> None:
+        if getattr(self, "raw", None) is not None:
+            llama_cpp.llama_batch_free(self.raw)
+            self.raw = None
+

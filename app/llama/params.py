@@ -1,0 +1,23 @@
+"""The parameters one llama.cpp model and context are created with: what a plan fixes and
+`llama.context.Context` applies."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ModelParams:
+    """The llama.cpp parameters one model is created with."""
+
+    n_ctx: int
+    n_batch: int
+    n_ubatch: int
+    n_seq_max: int
+    kv_unified: bool
+    type_k: str
+    type_v: str
+    flash_attn: bool
+    swa_full: bool
+    n_rs_seq: int
+    n_gpu_layers: int

@@ -1,0 +1,82 @@
+"""What a user may name as a model: a catalogue model, an `hf://` URI, or a GGUF path on disk."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from app.errors import CatalogError
+from app.models.catalog import Catalog, ModelSpec
+
+HF_URI = re.compile(r"^hf://(?P<repo>[^/@\s]+/[^/@\s]+)/(?P<file>[^@\s]+?)(?:@(?P<rev>[^@\s/]+))?$")
+
+
+@dataclass(frozen=True)
+class ModelRef:
+    """Exactly one of `spec` (fetched and verified by specdeck) or `path` (the user's own file)."""
+
+    spec: ModelSpec | None = None
+    path: Path | None = None
+
+    @property
+    def label(self) -> str:
+        return self.spec.name if self.spec else str(self.path)
+
+
+def parse_hf_uri(text: str) -> ModelSpec:
+    m = HF_URI.match(text)
+    if not m:
+        raise CatalogError(f"bad hub reference '{text}'", hint="use hf://owner/repo/file.gguf or hf://owner/repo/file.gguf@revision")
+    if not m["file"].endswith(".gguf"):
+        raise CatalogError(f"'{text}' does not name a .gguf file")
+    return ModelSpec(name=text, repo=m["repo"], file=m["file"], revision=m["rev"] or "main")
+
+
+def resolve_ref(text: str, catalog: Catalog) -> ModelRef:
+    if text.startswith("hf://"):
+        return ModelRef(spec=parse_hf_uri(text))
+    if text in catalog.models:
+        return ModelRef(spec=catalog.models[text])
+    path = Path(text).expanduser()
+    if path.exists() or text.endswith(".gguf") or "/" in text:
+        return ModelRef(path=path)
+    raise CatalogError(
+        f"'{text}' is not a catalogue model, an hf:// URI or a file",
+        hint=f"catalogue models: {', '.join(sorted(catalog.models))}",
+    )
+
+
+@dataclass(frozen=True)
+class Selection:
+    """A target and an optional draft, from a preset or named one by one."""
+
+    name: str
+    target: ModelRef
+    draft: ModelRef | None
+    context: int | None = None
+
+
+def select(
+    catalog: Catalog, name: str | None, target: str | None, draft: str | None, default: Callable[[], str]
+) -> Selection:
+    """Turn `NAME` or `--target/--draft` into a Selection. NAME may be a preset, a model or hf:// URI."""
+    if name and (target or draft):
+        raise CatalogError("give either a preset name or --target/--draft, not both")
+    if target:
+        return Selection("custom", resolve_ref(target, catalog), resolve_ref(draft, catalog) if draft else None)
+    if draft:
+        raise CatalogError("--draft needs --target")
+    name = name or default()
+    if name in catalog.presets:
+        p = catalog.presets[name]
+        return Selection(
+            name,
+            ModelRef(spec=catalog.models[p.target]),
+            ModelRef(spec=catalog.models[p.draft]) if p.draft else None,
+            p.context,
+        )
+    if name in catalog.models or name.startswith("hf://"):
+        return Selection(name, resolve_ref(name, catalog), None)
+    raise CatalogError(f"unknown preset '{name}'", hint=f"known presets: {', '.join(sorted(catalog.presets))}")

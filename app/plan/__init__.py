@@ -1,0 +1,1 @@
+"""The memory plan: hardware, memory terms, the planner, the plan's table."""

@@ -1,0 +1,307 @@
+"""The memory plan: which context, cache types, offload and slots fit, and the budget that proves it.
+
+    target weights + draft weights + KV caches + recurrent state + compute + output
+        + runtime reserve + safety margin  <=  budget
+
+Each term is one function of GGUF metadata (`memory_terms`). The search walks candidate settings
+from best to most compact and takes the first that fits; nothing else in specdeck decides context
+size, cache types, offload or slots.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import asdict, dataclass, field
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from app.errors import SpecdeckError
+from app.gguf.info import ModelInfo
+from app.llama.params import ModelParams
+from app.plan import terms as M
+from app.plan.hardware import Hardware
+
+MiB, GiB = M.MiB, M.GiB
+MIN_CTX = 4096
+Device = Literal["cuda", "cpu"]
+
+
+class PlanError(SpecdeckError):
+    exit_code = 3
+
+
+class PlanRequest(BaseModel):
+    """What the user asked for; None means "choose for me"."""
+
+    device: Literal["auto", "cuda", "cpu"] = Field("auto", description="plan for the GPU (cuda) or host RAM (cpu)")
+    vram: int | None = Field(None, description="the card's total memory in bytes (default: free memory read with pynvml)")
+    ram: int | None = Field(None, description="host memory budget in bytes (default: available memory, psutil)")
+    ctx: int | None = Field(None, description="context length wanted (default: the preset's)")
+    cache_type_k: str | None = Field(None, description="K cache type: f16, q8_0, q4_0 ...")
+    cache_type_v: str | None = Field(None, description="V cache type")
+    n_gpu_layers: int | None = Field(None, description="target layers on the GPU (default: all that fit)")
+    parallel: int | None = Field(None, ge=1, le=64, description="concurrent slots (sequences)")
+    draft_max: int | None = Field(None, ge=0, le=32, description="most tokens drafted per step")
+    n_ubatch: int | None = Field(None, ge=32, description="physical batch size")
+    reserve: int | None = Field(None, ge=0, description="runtime reserve in bytes (CUDA context, driver, display)")
+    margin: int | None = Field(None, ge=0, description="safety margin in bytes")
+    ctx_is_user_choice: bool = False
+
+
+@dataclass(frozen=True)
+class Term:
+    name: str
+    bytes: int
+    where: Literal["device", "host"]
+    note: str = ""
+
+
+@dataclass
+class Plan:
+    device: Device
+    budget: int
+    budget_source: str
+    terms: list[Term]
+    fits: bool
+    ctx: int
+    ctx_wanted: int
+    parallel: int
+    draft_max: int
+    target: ModelParams
+    draft: ModelParams | None
+    host_available: int
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def used(self) -> int:
+        return sum(t.bytes for t in self.terms if t.where == "device")
+
+    @property
+    def host_used(self) -> int:
+        return sum(t.bytes for t in self.terms if t.where == "host")
+
+    @property
+    def headroom(self) -> int:
+        return self.budget - self.used
+
+    def to_json(self) -> dict:
+        return {
+            "device": self.device,
+            "budget": self.budget,
+            "budget_source": self.budget_source,
+            "fits": self.fits,
+            "ctx": self.ctx,
+            "ctx_wanted": self.ctx_wanted,
+            "parallel": self.parallel,
+            "draft_max": self.draft_max,
+            "used": self.used,
+            "headroom": self.headroom,
+            "host_used": self.host_used,
+            "host_available": self.host_available,
+            "terms": [{**asdict(t), "share": t.bytes / self.budget if t.where == "device" else None} for t in self.terms],
+            "target": asdict(self.target),
+            "draft": asdict(self.draft) if self.draft else None,
+            "warnings": self.warnings,
+        }
+
+
+@dataclass(frozen=True)
+class Candidate:
+    ctx: int
+    type_k: str
+    type_v: str
+    parallel: int
+    n_ubatch: int
+    draft_max: int
+    n_gpu_layers: int | None  # None: everything (target layers + output)
+
+
+# -- the budget terms ---------------------------------------------------------------------------
+
+def runtime_reserve(device: Device, from_total: bool) -> int:
+    """CUDA context, cuBLAS workspace, driver and (when the budget is the card's total) the display."""
+    if device == "cpu":
+        return 512 * MiB  # Python, libraries, the server
+    return 768 * MiB if from_total else 448 * MiB
+
+
+def safety_margin(budget: int) -> int:
+    return max(256 * MiB, budget // 50)
+
+
+EXTRA_COPY_LABELS = {"CPU_REPACK": ("CPU repack copy", "Q4 matmul weights, repacked for AVX2"),
+                     "AMX": ("AMX copy", "matmul weights packed for AMX tiles")}
+
+
+def _extra_copies(role: str, info: ModelInfo, ngl: int, buffers: tuple[str, ...], where: Literal["device", "host"],
+                  note: str | None = None) -> list[Term]:
+    """One term per extra CPU buffer the build has (none for a build without AMX or repacking)."""
+    return [Term(f"{role} {EXTRA_COPY_LABELS[b][0]}", n, where, note or EXTRA_COPY_LABELS[b][1])
+            for b, n in M.cpu_extra_bytes(info, ngl, buffers).items()]
+
+
+def _model_terms(role: str, info: ModelInfo, cs: M.ContextShape, ngl: int, device: Device,
+                 buffers: tuple[str, ...]) -> list[Term]:
+    if device == "cpu":
+        out = [Term(f"{role} weights", M.data_bytes(info), "device", f"{info.quantization}, mapped")]
+        out += _extra_copies(role, info, 0, buffers, "device")
+    else:
+        gpu, host = M.weight_placement(info, ngl)
+        out = [Term(f"{role} weights", gpu, "device", f"{info.quantization}, {min(ngl, info.n_layers + 1)}/{info.n_layers + 1} layers"),
+               Term(f"{role} weights on host", host, "host", "token_embd" + (" + CPU layers" if ngl <= info.n_layers else ""))]
+    kv_note = f"{cs.n_ctx:,} cells, K {cs.type_k}, V {cs.type_v}"
+    if info.n_swa_layers:
+        kv_note += f", {info.n_swa_layers} sliding-window layers"
+    out.append(Term(f"{role} KV cache", M.kv_bytes(info, cs), "device", kv_note))
+    if info.n_recurrent_layers:
+        out.append(Term(f"{role} recurrent state", M.recurrent_state_bytes(info, cs), "device",
+                        f"{info.n_recurrent_layers} layers x {cs.n_seq} slots x (1 + {cs.n_rs_seq} rollback snapshots)"))
+    out.append(Term(f"{role} compute buffer", M.compute_bytes(info, cs), "device", f"n_ubatch {cs.n_ubatch}"))
+    out.append(Term(f"{role} output buffer", M.output_bytes(info, cs), "host" if device == "cuda" else "device",
+                    f"{cs.n_outputs} logits rows x {cs.n_seq} slots"))
+    return out
+
+
+def _shape(info: ModelInfo, c: Candidate, n_rs_seq: int, n_outputs: int) -> M.ContextShape:
+    return M.context_shape(c.ctx, c.parallel, c.type_k, c.type_v, n_ubatch=c.n_ubatch, flash_attn=True,
+                           n_rs_seq=n_rs_seq if info.n_recurrent_layers else 0, n_outputs=n_outputs)
+
+
+def evaluate(target: ModelInfo, draft: ModelInfo | None, c: Candidate, device: Device, budget: int,
+             budget_source: str, reserve: int, margin: int, host_available: int, ctx_wanted: int,
+             buffers: tuple[str, ...] = ("CPU_REPACK",)) -> Plan:
+    """The full budget for one candidate: every term, and whether it fits."""
+    t_ngl = target.n_layers + 1 if c.n_gpu_layers is None else c.n_gpu_layers
+    t_cs = _shape(target, c, c.draft_max, c.draft_max + 1)
+    terms = _model_terms("target", target, t_cs, t_ngl if device == "cuda" else 0, device, buffers)
+    d_params = None
+    if draft is not None:
+        d_cs = _shape(draft, c, c.draft_max, 1)
+        terms += _model_terms("draft", draft, d_cs, draft.n_layers + 1 if device == "cuda" else 0, device, buffers)
+        d_params = ModelParams(d_cs.n_ctx, d_cs.n_batch, d_cs.n_ubatch, c.parallel, True, c.type_k, c.type_v,
+                               True, False, d_cs.n_rs_seq, draft.n_layers + 1 if device == "cuda" else 0)
+    if device == "cuda" and c.n_gpu_layers is not None and c.n_gpu_layers <= target.n_layers:
+        terms += _extra_copies("target", target, t_ngl, buffers, "host", "CPU layers")
+    terms.append(Term("runtime reserve", reserve, "device", "CUDA context, driver, display" if device == "cuda" else "Python, libraries, server"))
+    terms.append(Term("safety margin", margin, "device"))
+    t_params = ModelParams(t_cs.n_ctx, t_cs.n_batch, t_cs.n_ubatch, c.parallel, True, c.type_k, c.type_v, True,
+                           False, t_cs.n_rs_seq, t_ngl if device == "cuda" else 0)
+    plan = Plan(device, budget, budget_source, terms, False, c.ctx, ctx_wanted, c.parallel, c.draft_max,
+                t_params, d_params, host_available)
+    plan.fits = plan.used <= budget and (device == "cpu" or plan.host_used <= host_available)
+    return plan
+
+
+# -- the search -------------------------------------------------------------------------------
+
+def _choices(req: PlanRequest, target: ModelInfo, draft: ModelInfo | None) -> tuple[list, list, list, list]:
+    if req.cache_type_k or req.cache_type_v:
+        kv = [(req.cache_type_k or req.cache_type_v or "f16", req.cache_type_v or req.cache_type_k or "f16")]
+    else:
+        kv = [("f16", "f16"), ("q8_0", "q8_0"), ("q4_0", "q4_0")]
+    recurrent = bool(target.n_recurrent_layers or (draft and draft.n_recurrent_layers))
+    parallel = [req.parallel] if req.parallel else ([2, 1] if recurrent else [4, 2, 1])
+    ubatch = [req.n_ubatch] if req.n_ubatch else [512, 256]
+    dmax = [req.draft_max] if req.draft_max is not None else ([8, 4] if recurrent else [8])
+    return kv, parallel, ubatch, dmax
+
+
+def _check_request(req: PlanRequest, target: ModelInfo, draft: ModelInfo | None, device: Device, ctx: int) -> None:
+    if ctx > target.context_length > 0:
+        raise PlanError(f"context {ctx:,} is above the target's trained length of {target.context_length:,} tokens",
+                        hint=f"use --ctx {target.context_length} or less")
+    if ctx < 256:
+        raise PlanError(f"context {ctx} is too small (at least 256 tokens)")
+    kv, *_ = _choices(req, target, draft)
+    for model in [target] + ([draft] if draft else []):
+        for tk, tv in kv:
+            bad = M.kv_incompatibility(model, tk, tv, True, device)
+            if bad and len(kv) == 1:
+                raise PlanError(f"cache types K {tk} / V {tv} cannot be used: {bad}")
+
+
+def _budget(req: PlanRequest, hw: Hardware) -> tuple[Device, int, str, int, int]:
+    device: Device = "cpu" if req.device == "cpu" or (req.device == "auto" and not hw.gpus and req.vram is None) else "cuda"
+    if device == "cuda":
+        if req.vram is not None:
+            budget, source, from_total = req.vram, "--vram (card total)", True
+        elif hw.gpus:
+            g = hw.gpus[0]
+            budget, source, from_total = g.free, f"free memory of GPU 0 ({g.name}, pynvml)", False
+        else:
+            raise PlanError("no NVIDIA GPU found to plan for", hint="give --vram 24GiB to plan for a card, or --device cpu")
+        reserve = req.reserve if req.reserve is not None else runtime_reserve("cuda", from_total)
+    else:
+        budget = req.ram or hw.ram_available
+        source = "--ram" if req.ram else "available host memory (psutil)"
+        reserve = req.reserve if req.reserve is not None else runtime_reserve("cpu", False)
+    margin = req.margin if req.margin is not None else safety_margin(budget)
+    return device, budget, source, reserve, margin
+
+
+def make_plan(target: ModelInfo, draft: ModelInfo | None, req: PlanRequest, hw: Hardware, preset_ctx: int | None) -> Plan:
+    """The best plan that fits, or a PlanError that says the largest context that does and what to change."""
+    device, budget, source, reserve, margin = _budget(req, hw)
+    ctx_wanted = req.ctx or preset_ctx or min(target.context_length or 32768, 32768)
+    _check_request(req, target, draft, device, ctx_wanted)
+    kv, parallel, ubatch, dmax = _choices(req, target, draft)
+    models = [target] + ([draft] if draft else [])
+    usable_kv = [(k, v) for k, v in kv if not any(M.kv_incompatibility(m, k, v, True, device) for m in models)]
+    if not usable_kv:
+        raise PlanError("no KV cache type suits both models' head sizes")
+
+    def attempt(ctx: int, ngl: int | None) -> Plan | None:
+        for (tk, tv), par, ub, dm in itertools.product(usable_kv, parallel, ubatch, dmax):
+            p = evaluate(target, draft, Candidate(ctx, tk, tv, par, ub, dm, ngl), device, budget, source,
+                         reserve, margin, req.ram or hw.ram_available, ctx_wanted, hw.cpu_buffers)
+            if p.fits:
+                return p
+        return None
+
+    ngl = req.n_gpu_layers if device == "cuda" else None
+    if plan := attempt(ctx_wanted, ngl):
+        return _annotate(plan, target, draft)
+    largest = _largest_ctx(lambda c: attempt(c, ngl) is not None, ctx_wanted)
+    if device == "cuda" and ngl is None and req.ctx_is_user_choice:
+        for layers in range(target.n_layers, 0, -1):  # keep the asked context: move target layers to the host
+            if plan := attempt(ctx_wanted, layers):
+                plan.warnings.append(f"only {layers} of {target.n_layers + 1} target layers fit on the GPU at "
+                                     f"{ctx_wanted:,} tokens: expect much lower speed (a context of {largest:,} fits fully)")
+                return _annotate(plan, target, draft)
+    if largest >= MIN_CTX and not req.ctx_is_user_choice:
+        plan = attempt(largest, ngl)
+        assert plan is not None
+        plan.warnings.append(f"the preset aims for {ctx_wanted:,} tokens; {largest:,} fit in this budget")
+        return _annotate(plan, target, draft)
+    worst = evaluate(target, draft, Candidate(ctx_wanted, *usable_kv[-1], parallel[-1], ubatch[-1], dmax[-1], ngl),
+                     device, budget, source, reserve, margin, req.ram or hw.ram_available, ctx_wanted, hw.cpu_buffers)
+    short = worst.used - budget
+    what = (f"the largest context that fits is {largest:,} tokens (--ctx {largest})" if largest >= 256
+            else "even the weights do not fit")
+    raise PlanError(
+        f"nothing fits: {ctx_wanted:,} tokens need {worst.used / GiB:.2f} GiB of a {budget / GiB:.2f} GiB budget "
+        f"({short / GiB:.2f} GiB over) with the most compact settings; {what}",
+        hint="use a smaller --ctx, a smaller model or draft, a bigger --vram/--ram, or a lower --parallel",
+    )
+
+
+def _largest_ctx(fits, upper: int) -> int:
+    lo, hi = 0, upper // 256
+    while lo < hi:  # largest multiple of 256 that fits
+        mid = (lo + hi + 1) // 2
+        if fits(mid * 256):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo * 256
+
+
+def _annotate(plan: Plan, target: ModelInfo, draft: ModelInfo | None) -> Plan:
+    if draft is not None and draft.context_length and draft.context_length < plan.ctx:
+        plan.warnings.append(
+            f"the draft was trained on {draft.context_length:,} tokens, the plan runs it over {plan.ctx:,}: "
+            f"acceptance may fall at long range (the speed controller adapts)")
+    if plan.target.type_k != "f16":
+        plan.warnings.append(f"KV cache quantized to {plan.target.type_k} to fit")
+    return plan

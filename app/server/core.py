@@ -1,0 +1,261 @@
+"""The API-agnostic core of the server: what is served (`Service`), errors, submitting a request to
+the scheduler, following its events, the usage and timing figures, and the live status. The OpenAI
+and Ollama routes are thin translators over these functions."""
+
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import psutil
+from fastapi import Request
+
+from app import __version__
+from app.engine.engine import Request as EngineRequest
+from app.engine.engine import SpecParams
+from app.engine.records import RequestRecord, StepRecord
+from app.engine.sampling import SamplingParams
+from app.engine.text import Tokenizer
+from app.plan.hardware import read_gpus
+from app.server.metrics import Metrics
+from app.server.scheduler import Done, Failed, Job, QueueFull, Scheduler
+from app.server.schemas import MAX_STOP_STRINGS, Sampling
+from app.server.settings import ServeSettings
+from app.server.stats import LiveStats
+from app.server.textstream import TextStream
+
+log = logging.getLogger("specdeck.server")
+FINISH = {"stop": "stop", "length": "length", "context": "length", "time_limit": "length", "cancelled": "stop", "error": "stop"}
+
+
+def require_ready(service: Service) -> None:
+    if not service.ready:
+        raise ApiError(503, "the models are still loading", "server_error", headers={"Retry-After": "5"})
+
+
+def check_model(body: Sampling, service: Service) -> None:
+    if body.model and body.model not in (service.model_id, "specdeck") and body.model not in service.models:
+        raise ApiError(404, f"model '{body.model}' is not served here (served: {service.model_id})", "not_found_error",
+                       "model")
+
+
+def fim_tokens(tok: Tokenizer, prefix: str, suffix: str, extra) -> list[int]:
+    import llama_cpp
+
+    v = tok.vocab
+    pre, suf, mid, sep = (int(llama_cpp.llama_vocab_fim_pre(v)), int(llama_cpp.llama_vocab_fim_suf(v)),
+                          int(llama_cpp.llama_vocab_fim_mid(v)), int(llama_cpp.llama_vocab_fim_sep(v)))
+    if min(pre, suf, mid) < 0:
+        raise ApiError(400, "this model has no fill-in-the-middle tokens", param="suffix")
+    ids = [tok.bos] if tok.add_bos else []
+    for chunk in extra:
+        if sep >= 0:
+            ids += [sep] + tok.encode(f"{chunk.filename}\n{chunk.text}", add_special=False, parse_special=False)
+    ids += [pre] + tok.encode(prefix, add_special=False, parse_special=False)
+    ids += [suf] + tok.encode(suffix, add_special=False, parse_special=False) + [mid]
+    return ids
+
+
+def engine_request(body: Sampling, ids: list[int], service: Service, settings: ServeSettings,
+                    grammar: str | None = None) -> EngineRequest:
+    n_ctx = service.n_ctx
+    if len(ids) >= n_ctx:
+        raise ApiError(400, f"the prompt is {len(ids):,} tokens; this server's context is {n_ctx:,} tokens",
+                       param="messages", type_="invalid_request_error")
+    if len(body.stops()) > MAX_STOP_STRINGS:
+        raise ApiError(400, f"at most {MAX_STOP_STRINGS} stop strings", param="stop")
+    asked = body.max_completion_tokens or body.max_tokens
+    if asked is not None and asked > n_ctx:
+        raise ApiError(400, f"max_tokens is {asked:,}; this server's context is {n_ctx:,} tokens", param="max_tokens")
+    max_tokens = asked or min(settings.max_tokens, n_ctx - len(ids))
+    max_tokens = min(max_tokens, settings.max_tokens, n_ctx - len(ids))
+    spec = body.speculative
+    enabled = service.speculative_default and (spec.enabled if spec else True)
+    n_max = spec.n_max if spec and spec.n_max is not None else settings.draft_max
+    return EngineRequest(
+        prompt=ids, max_tokens=max(1, max_tokens),
+        sampling=SamplingParams(temperature=body.temperature, top_k=body.top_k, top_p=body.top_p, min_p=body.min_p,
+                                repeat_penalty=body.repeat_penalty, frequency_penalty=body.frequency_penalty,
+                                presence_penalty=body.presence_penalty,
+                                seed=body.seed if body.seed is not None else int.from_bytes(os.urandom(4), "little"),
+                                grammar=grammar),
+        speculative=SpecParams(enabled=enabled and n_max > 0, n_max=min(n_max, settings.draft_max)),
+        stop_tokens=set() if body.ignore_eos else service.tokenizer.stop_tokens,
+    )
+
+
+def timings(rec: RequestRecord) -> dict:
+    gen = len(rec.completion)
+    return {
+        "prompt_n": rec.prompt_tokens - rec.reused_tokens, "prompt_cached": rec.reused_tokens,
+        "prompt_ms": rec.t_prompt * 1e3, "prompt_per_second": rec.prompt_tps,
+        "predicted_n": gen, "predicted_ms": rec.t_generate * 1e3, "predicted_per_second": rec.generation_tps,
+        "ttft_ms": rec.ttft * 1e3, "draft_n": rec.drafted, "draft_n_accepted": rec.accepted,
+        "acceptance": rec.acceptance, "tokens_per_step": rec.tokens_per_decode,
+    }
+
+
+def usage(rec: RequestRecord) -> dict:
+    n = len(rec.completion)
+    return {"prompt_tokens": rec.prompt_tokens, "completion_tokens": n, "total_tokens": rec.prompt_tokens + n}
+
+
+async def events(request: Request, job: Job) -> AsyncIterator:
+    """The job's events; if the client goes away, the job is cancelled (its slot freed at once)."""
+    try:
+        while True:
+            try:
+                event = await asyncio.wait_for(job.events.get(), timeout=1.0)
+            except asyncio.TimeoutError:
+                if await request.is_disconnected():
+                    job.cancel()
+                    return
+                continue
+            yield event
+            if isinstance(event, (Done, Failed)):
+                return
+    finally:
+        job.cancel()  # no-op when finished; frees the slot when the consumer stopped early
+
+
+def submit(service: Service, settings: ServeSettings, metrics: Metrics, body: Sampling, ids: list[int],
+            grammar: str | None) -> Job:
+    req = engine_request(body, ids, service, settings, grammar)
+    quiet = not body.stream and not body.stops()  # a whole answer with no stop string to watch: no per-step events
+    job = Job(req, asyncio.get_running_loop(), time.monotonic() + settings.request_timeout, quiet=quiet)
+    try:
+        service.scheduler.submit(job)
+    except QueueFull:
+        metrics.errors.labels("queue_full").inc()
+        raise ApiError(429, "the server is busy: too many queued requests", "rate_limit_error",
+                       headers={"Retry-After": "1"}) from None
+    return job
+
+
+async def collect(request: Request, job: Job, text: TextStream) -> tuple[str, RequestRecord]:
+    """The whole answer of a job (not streamed); a failed job is raised as its API error."""
+    parts, record, failed = [], None, None
+    async for event in events(request, job):
+        if isinstance(event, StepRecord):
+            parts.append(text.push(event.tokens))
+            if text.stopped:
+                job.cancel()
+        elif isinstance(event, Done):
+            record = event.record
+            if job.quiet:  # no steps were sent: the whole answer at once
+                parts.append(text.push(record.completion))
+        elif isinstance(event, Failed):
+            failed = event
+    if failed is not None:
+        kind = "server_error" if failed.status >= 500 else "rate_limit_error" if failed.status == 429 else "invalid_request_error"
+        raise ApiError(failed.status, failed.message, kind, headers={"Retry-After": "1"} if failed.status == 429 else None)
+    if record is None:
+        raise ApiError(499, "client closed the request")
+    parts.append(text.flush())
+    return "".join(parts), record
+
+
+def finish_reason(text: TextStream, record: RequestRecord) -> str:
+    return "stop" if text.stopped else FINISH.get(record.finish_reason or "stop", "stop")
+
+
+def finished(metrics: Metrics, settings: ServeSettings, service: Service, job: Job, rec: RequestRecord) -> None:
+    """Count a finished request and log one structured line (text only when --log-prompts)."""
+    count_tokens(metrics, rec)
+    line = {"request": job.id, "finish": rec.finish_reason, "prompt_tokens": rec.prompt_tokens,
+            "cached_tokens": rec.reused_tokens, "completion_tokens": len(rec.completion),
+            "ttft_ms": round(rec.ttft * 1e3, 1), "tok_s": round(rec.generation_tps or 0.0, 1),
+            "drafted": rec.drafted, "accepted": rec.accepted}
+    if settings.log_prompts and service.tokenizer is not None:
+        line["prompt"] = service.tokenizer.decode(job.request.prompt)
+        line["completion"] = service.tokenizer.decode(rec.completion)
+    log.info(json.dumps(line))
+
+
+def count_tokens(metrics: Metrics, rec: RequestRecord) -> None:
+    metrics.prompt_tokens.inc(rec.prompt_tokens)
+    metrics.reused_tokens.inc(rec.reused_tokens)
+    metrics.completion_tokens.inc(len(rec.completion))
+    metrics.drafted.inc(rec.drafted)
+    metrics.accepted.inc(rec.accepted)
+    metrics.ttft.observe(rec.ttft)
+
+
+def recent_tps(service: Service, window: float = 10.0) -> float:
+    now = time.monotonic()
+    n = sum(k for t, k in list(service.scheduler.recent) if now - t <= window)
+    return n / window
+
+
+def refresh_gauges(service: Service, metrics: Metrics) -> list:
+    """Update the gauges; returns the GPUs it read (so callers need not ask NVML twice)."""
+    metrics.queue_depth.set(service.scheduler.queue_depth())
+    metrics.busy_slots.set(service.scheduler.busy_slots())
+    metrics.tokens_per_second.set(recent_tps(service))
+    drafted = metrics.drafted._value.get()
+    metrics.acceptance.set(metrics.accepted._value.get() / drafted if drafted else 0.0)
+    metrics.ram_used.set(psutil.Process().memory_info().rss)
+    gpus = read_gpus()
+    if gpus:
+        metrics.vram_used.set(gpus[0].total - gpus[0].free)
+    return list(gpus)
+
+
+def status_json(service: Service, metrics: Metrics) -> dict:
+    gpus = refresh_gauges(service, metrics)
+    eng = service.scheduler.engine
+    slots = []
+    for s in eng.slots:
+        job = service.scheduler.active.get(s.id)
+        slots.append({"id": s.id, "state": "generating" if job else "idle", "cached_tokens": len(s.cached),
+                      "generated": s.generated if job else 0, **service.stats.slot(s.id)})
+    drafted = metrics.drafted._value.get()
+    vm = psutil.virtual_memory()
+    return {
+        "models": service.models, "plan": service.plan, "slots": slots,
+        "queue": service.scheduler.queue_depth(), "busy_slots": service.scheduler.busy_slots(),
+        "speculative_default": service.speculative_default,
+        "draft_max": getattr(eng, "draft_limit", None),
+        "recent_tokens_per_second": recent_tps(service),
+        "acceptance": metrics.accepted._value.get() / drafted if drafted else None,
+        "gpu": [{"name": g.name, "total": g.total, "free": g.free, "utilization": g.utilization} for g in gpus],
+        "host": {"total": vm.total, "available": vm.available, "rss": psutil.Process().memory_info().rss,
+                 "cpu_percent": service.stats.cpu_percent()},
+        "model_id": service.model_id, "version": __version__,
+        "errors": sum(m.value for f in metrics.errors.collect() for m in f.samples if m.name.endswith("_total")),
+        **service.stats.snapshot(),
+    }
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, type_: str = "invalid_request_error", param: str | None = None,
+                 headers: dict | None = None) -> None:
+        self.status, self.message, self.type, self.param, self.headers = status, message, type_, param, headers or {}
+
+
+def error_body(message: str, type_: str, param: str | None = None, code: str | None = None) -> dict:
+    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
+
+
+@dataclass
+class Service:
+    """What the app serves: a scheduler over an engine, its tokenizer, the plan and names.
+    Until the models are loaded (`ready`), generation answers 503 and /health says loading."""
+
+    model_id: str
+    scheduler: Scheduler | None = None
+    tokenizer: Tokenizer | None = None
+    n_ctx: int = 0
+    plan: dict = field(default_factory=dict)
+    models: dict = field(default_factory=dict)
+    ready: bool = False
+    speculative_default: bool = True
+    details: dict = field(default_factory=dict)  # the target's GGUF facts (Ollama's tags / show)
+    stats: LiveStats = field(default_factory=LiveStats)  # live figures for /v1/status and the dashboard
+

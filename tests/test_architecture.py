@@ -1,0 +1,118 @@
+"""The house rules, read from the source with `ast`: no import cycle, no private name imported across
+modules, and each folder imports only what its docstring allows."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+APP = ROOT / "app"
+
+# who may import whom (by top-level folder of app/); a module may always import its own folder
+ALLOWED = {
+    "build": {"llama"},  # the llama.cpp build: only the backend start-up, to read the build's system info
+    "llama": {"errors", "build"},
+    "gguf": {"errors", "llama", "units"},
+    "models": {"errors", "gguf", "settings", "units"},
+    "plan": {"errors", "gguf", "build", "llama", "units"},
+    "engine": {"errors", "gguf", "plan", "llama", "units"},
+    "server": {"errors", "gguf", "plan", "llama", "engine", "models", "units", "settings"},
+}
+
+
+def _module(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _modules() -> dict[str, Path]:
+    return {_module(p): p for p in APP.rglob("*.py") if "__pycache__" not in p.parts}
+
+
+def _imports(path: Path, mods: dict[str, Path]) -> list[tuple[str, str, int]]:
+    """(imported module, name or '', line) for every import of an app module, at any depth."""
+    me = _module(path)
+    out = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out += [(a.name, "", node.lineno) for a in node.names if a.name.startswith("app")]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                pkg = me.split(".") if path.name == "__init__.py" else me.split(".")[:-1]
+                base = ".".join(pkg[: len(pkg) - node.level + 1] + ([base] if base else []))
+            if not base.startswith("app"):
+                continue
+            for a in node.names:
+                sub = f"{base}.{a.name}"
+                out.append((sub, "", node.lineno) if sub in mods else (base, a.name, node.lineno))
+    return out
+
+
+def _graph() -> dict[str, set[str]]:
+    mods = _modules()
+    return {m: {t for t, _, _ in _imports(p, mods) if t in mods and t != m} for m, p in mods.items()}
+
+
+def test_no_import_cycle():
+    graph = _graph()
+    index, low, stack, on, cycles, counter = {}, {}, [], set(), [], [0]
+
+    def visit(v: str) -> None:  # Tarjan's strongly connected components
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                cycles.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    assert not cycles, f"import cycles: {cycles}"
+
+
+def test_no_private_name_imported_across_modules():
+    mods = _modules()
+    bad = [f"{_module(p)}:{line} imports {name} from {target}"
+           for p in mods.values() for target, name, line in _imports(p, mods)
+           if name.startswith("_") and not name.startswith("__") and target != _module(p)]
+    assert not bad, "\n".join(bad)
+
+
+def test_each_folder_imports_only_what_it_may():
+    mods = _modules()
+    bad = []
+    for m, p in mods.items():
+        parts = m.split(".")
+        if len(parts) < 3 or parts[1] not in ALLOWED:
+            continue
+        folder = parts[1]
+        for target, _, line in _imports(p, mods):
+            t = target.split(".")
+            if len(t) >= 2 and t[1] != folder and t[1] not in ALLOWED[folder] and target != "app":
+                bad.append(f"{m}:{line} imports {target} ({folder} may import {sorted(ALLOWED[folder])})")
+    assert not bad, "\n".join(bad)
+
+
+def test_every_folder_says_what_it_owns():
+    for init in APP.rglob("__init__.py"):
+        if "__pycache__" in init.parts:
+            continue
+        doc = ast.get_docstring(ast.parse(init.read_text()))
+        assert doc and len(doc) > 20, f"{init.relative_to(ROOT)} has no docstring saying what it owns"
