@@ -287,7 +287,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if draft is not None:
         require_compatible(target, draft)
     hw = detect()
-    req = plan_request(args).model_copy(update={"draft_max": settings.draft_max})
+    req = plan_request(args, draft_max=settings.draft_max)
     plan = make_plan(target, draft, req, hw, sel.context)
     for w in plan.warnings:
         console.print(f"[yellow]warning:[/] {w}")

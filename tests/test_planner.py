@@ -205,3 +205,26 @@ def test_plan_counts_the_copy_this_build_makes(tiny):
     assert "target AMX copy" in names(Hardware((), 24 * GiB, 20 * GiB, 2, ("AMX", "CPU_REPACK")))
     assert "target CPU repack copy" in names(Hardware((), 24 * GiB, 20 * GiB, 2, ("CPU_REPACK",)))
     assert not {"target AMX copy", "target CPU repack copy"} & names(Hardware((), 24 * GiB, 20 * GiB, 2, ()))
+
+
+def test_serve_lets_the_planner_choose_draft_max_for_a_hybrid_model(standins, monkeypatch):
+    """`serve` and `up` build their plan request from the settings without overriding draft_max: on the
+    hybrid 27B at 110K tokens on a 24 GiB card, 8-token rollback snapshots do not fit and the planner
+    falls back to 4; a draft_max the user sets is validated like any plan input."""
+    from app.cli import build_parser
+    from app.commands.common import plan_request, serve_settings
+
+    hw = Hardware((Gpu(0, "RTX 4090", 24 * GiB, 24 * GiB, 0),), 64 * GiB, 60 * GiB, 8)
+    target, draft = read_model_info(standins["qwen3.6-27b"]), read_model_info(standins["qwen3.5-0.8b"])
+
+    def plan_for(*flags: str):
+        args = build_parser().parse_args(["serve", "--target", "t.gguf", "--ctx", "110000", *flags])
+        settings = serve_settings(args)
+        return make_plan(target, draft, plan_request(args, draft_max=settings.draft_max, vram=24 * GiB), hw, 110_000)
+
+    assert plan_for().draft_max == 4
+    assert plan_for("--draft-max", "2").draft_max == 2
+    monkeypatch.setenv("SPECDECK_DRAFT_MAX", "3")
+    assert plan_for().draft_max == 3
+    with pytest.raises(Exception, match="draft_max|draft-max|less than or equal"):
+        plan_for("--draft-max", "65")

@@ -110,6 +110,6 @@ def plan_request(args: argparse.Namespace, **more) -> PlanRequest:
     return PlanRequest(
         ctx=args.ctx, ctx_is_user_choice=args.ctx is not None,
         cache_type_k=args.cache_type_k or args.cache_type, cache_type_v=args.cache_type_v or args.cache_type,
-        n_gpu_layers=args.n_gpu_layers, parallel=args.parallel, draft_max=args.draft_max, **more,
+        n_gpu_layers=args.n_gpu_layers, parallel=args.parallel, **{"draft_max": args.draft_max, **more},
     )
 

@@ -104,7 +104,7 @@ def prepare(args: argparse.Namespace, settings: ServeSettings, steps: Steps) -> 
     with steps.step("plan memory") as r:
         target = read_model_info(got["target"].path)
         draft = read_model_info(got["draft"].path) if "draft" in got else None
-        req = plan_request(args).model_copy(update={"draft_max": settings.draft_max})
+        req = plan_request(args, draft_max=settings.draft_max)
         plan = make_plan(target, draft, req, hw, sel.context)
         steps.console.print(render_plan(plan, sel.name))
         r["done"] = f"context {plan.ctx:,}, {plan.parallel} slot(s), {plan.used / 2**30:.2f} of {plan.budget / 2**30:.2f} GiB"

@@ -42,7 +42,7 @@ class PlanRequest(BaseModel):
     cache_type_v: str | None = Field(None, description="V cache type")
     n_gpu_layers: int | None = Field(None, description="target layers on the GPU (default: all that fit)")
     parallel: int | None = Field(None, ge=1, le=64, description="concurrent slots (sequences)")
-    draft_max: int | None = Field(None, ge=0, le=32, description="most tokens drafted per step")
+    draft_max: int | None = Field(None, ge=0, le=64, description="most tokens drafted per step (default: the planner chooses)")
     n_ubatch: int | None = Field(None, ge=32, description="physical batch size")
     reserve: int | None = Field(None, ge=0, description="runtime reserve in bytes (CUDA context, driver, display)")
     margin: int | None = Field(None, ge=0, description="safety margin in bytes")

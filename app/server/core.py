@@ -77,7 +77,8 @@ def engine_request(body: Sampling, ids: list[int], service: Service, settings: S
     max_tokens = min(max_tokens, settings.max_tokens, n_ctx - len(ids))
     spec = body.speculative
     enabled = service.speculative_default and (spec.enabled if spec else True)
-    n_max = spec.n_max if spec and spec.n_max is not None else settings.draft_max
+    limit = int(service.plan.get("draft_max", 0))  # the plan is the one place draft_max is fixed
+    n_max = spec.n_max if spec and spec.n_max is not None else limit
     return EngineRequest(
         prompt=ids, max_tokens=max(1, max_tokens),
         sampling=SamplingParams(temperature=body.temperature, top_k=body.top_k, top_p=body.top_p, min_p=body.min_p,
@@ -85,7 +86,7 @@ def engine_request(body: Sampling, ids: list[int], service: Service, settings: S
                                 presence_penalty=body.presence_penalty,
                                 seed=body.seed if body.seed is not None else int.from_bytes(os.urandom(4), "little"),
                                 grammar=grammar),
-        speculative=SpecParams(enabled=enabled and n_max > 0, n_max=min(n_max, settings.draft_max)),
+        speculative=SpecParams(enabled=enabled and n_max > 0, n_max=min(n_max, limit)),
         stop_tokens=set() if body.ignore_eos else service.tokenizer.stop_tokens,
     )
 

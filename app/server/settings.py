@@ -24,7 +24,7 @@ class ServeSettings(BaseSettings):
     max_tokens: int = Field(4096, ge=1, description="cap on max_tokens per request")
     shutdown_grace: float = Field(2.0, ge=0, description="seconds generation in flight may go on after SIGTERM")
     max_body_bytes: int = Field(8 * 2**20, ge=1024, description="largest request body accepted (413 beyond)")
-    draft_max: int = Field(8, ge=0, le=64, description="most tokens drafted per step")
+    draft_max: int | None = Field(None, ge=0, le=64, description="most tokens drafted per step (default: the planner chooses)")
     speculative: bool = Field(True, description="speculation on by default (requests can turn it off)")
     log_prompts: bool = Field(False, description="log request text (off: only counts and timings)")
 
