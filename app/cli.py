@@ -176,7 +176,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 # -- verify ----------------------------------------------------------------------------------
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from app.commands.equivalence import VerifyReport, load_prompts, verify_prompt
+    from app.commands.equivalence import EquivalenceReport, load_prompts, check_equivalence
     from app.engine.loader import load
 
     catalog = catalog_from_args(args)
@@ -191,10 +191,10 @@ def cmd_verify(args: argparse.Namespace) -> int:
     req = PlanRequest(ctx=args.ctx, ctx_is_user_choice=True, parallel=1, draft_max=args.draft_max)
     plan = make_plan(target, draft, req, hw, args.ctx)
     loaded = load(plan, target, draft, hw.cpu_count)
-    report = VerifyReport()
+    report = EquivalenceReport()
     try:
         for item in prompts:
-            r = verify_prompt(loaded.engine, loaded.tokenizer, item, args.max_tokens, plan.draft_max)
+            r = check_equivalence(loaded.engine, loaded.tokenizer, item, args.max_tokens, plan.draft_max)
             report.results.append(r)
             if not args.json:
                 mark = "[green]ok[/]" if r.invariant_violations == 0 and r.explained else "[red]FAIL[/]"

@@ -22,7 +22,7 @@ class GGUFError(SpecdeckError):
     """A file is not a readable GGUF model."""
 
 
-class VerifyError(SpecdeckError):
+class IntegrityError(SpecdeckError):
     """A file's size or SHA-256 differs from what was expected."""
 
 

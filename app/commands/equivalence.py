@@ -102,7 +102,7 @@ class PromptResult:
 
 
 @dataclass
-class VerifyReport:
+class EquivalenceReport:
     results: list[PromptResult] = field(default_factory=list)
 
     @property
@@ -176,7 +176,7 @@ def _run(engine: Engine, req: Request) -> tuple[list[int], list, float]:
     return [x for s in steps for x in s.tokens], steps, time.perf_counter() - t
 
 
-def verify_prompt(engine: Engine, tok: Tokenizer, item: dict, max_tokens: int, n_max: int) -> PromptResult:
+def check_equivalence(engine: Engine, tok: Tokenizer, item: dict, max_tokens: int, n_max: int) -> PromptResult:
     ids = prompt_tokens(tok, item)
     base = dict(prompt=ids, max_tokens=max_tokens, stop_tokens=tok.stop_tokens, trace=True)
     plain, plain_steps, t_plain = _run(engine, Request(**base, speculative=SpecParams(enabled=False)))

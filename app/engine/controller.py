@@ -141,6 +141,11 @@ class Controller:
         self.probe_every = probe_every
         self._idle: dict[str, int] = {}
 
+    def observe_verify(self, n: int, seconds: float) -> None:
+        """The engine's cost observer: a real verify decode of n tokens took `seconds`."""
+        if self.learn_costs:
+            self.costs.observe_verify(n, seconds)
+
     def alpha(self, key: str, seq: int | None = None) -> float:
         if seq is not None and (seq, key) in self.local:
             return self.local[(seq, key)].alpha

@@ -31,6 +31,7 @@ class Draft:
     source: str = ""  # which drafter proposed them
     match_len: int = 0  # prompt lookup: the n-gram length that matched
     choice: Choice | None = None  # the controller's decision, when one decided
+    seconds: float | None = None  # the time proposing it took, when it was proposed alone
 
 
 @dataclass
@@ -45,7 +46,13 @@ class Ask:
 
 
 class Drafter(Protocol):
+    """Everything the engine calls on a drafter. `DrafterBase` gives the optional parts defaults."""
+
     name: str
+
+    def begin_request(self, seq: int) -> None:
+        """A new request starts on this sequence (drafters that keep estimates per request reset them)."""
+        ...
 
     def propose(self, seq: int, history: Sequence[int], k: int, sampling: SamplingParams | None,
                 rng: np.random.Generator | None) -> Draft:
@@ -53,13 +60,54 @@ class Drafter(Protocol):
         then tokens are drawn from the drafter's own distribution, returned in `q`."""
         ...
 
+    def propose_all(self, asks: Sequence[Ask]) -> list[Draft]:
+        """One step's drafts for every sequence, in the order asked (they share one verify decode, so
+        a drafter may choose their lengths together)."""
+        ...
+
     def accepted(self, seq: int, draft: Draft, n_accepted: int) -> None:
         """Told after verification how many of the draft's tokens the target kept."""
+        ...
+
+    def share_prefix(self, src: int, dst: int, prefix: Sequence[int]) -> None:
+        """Sequence `dst` now starts with `src`'s first len(prefix) cached tokens."""
         ...
 
     def release(self, seq: int) -> None:
         """Forget a sequence (its slot is free)."""
         ...
+
+
+class DrafterBase:
+    """Defaults for the optional parts of `Drafter`: nothing to reset or share, and each sequence's
+    draft proposed on its own (and timed on its own)."""
+
+    name = "drafter"
+
+    def begin_request(self, seq: int) -> None:
+        pass
+
+    def propose(self, seq: int, history: Sequence[int], k: int, sampling: SamplingParams | None = None,
+                rng: np.random.Generator | None = None) -> Draft:
+        raise NotImplementedError
+
+    def propose_all(self, asks: Sequence[Ask]) -> list[Draft]:
+        out = []
+        for a in asks:
+            t = time.perf_counter()
+            d = self.propose(a.seq, a.history, a.k, a.sampling, a.rng) if a.k > 0 else Draft([])
+            d.seconds = time.perf_counter() - t
+            out.append(d)
+        return out
+
+    def accepted(self, seq: int, draft: Draft, n_accepted: int) -> None:
+        pass
+
+    def share_prefix(self, src: int, dst: int, prefix: Sequence[int]) -> None:
+        pass
+
+    def release(self, seq: int) -> None:
+        pass
 
 
 def top_probability(logits: np.ndarray, top: float | None = None) -> float:
@@ -68,7 +116,7 @@ def top_probability(logits: np.ndarray, top: float | None = None) -> float:
     return 1.0 / float(np.exp(logits - np.float32(m)).sum(dtype=np.float64))
 
 
-class ModelDrafter:
+class ModelDrafter(DrafterBase):
     """A small GGUF model with its own context; its cache follows each sequence's history."""
 
     name = "draft-model"
@@ -158,7 +206,7 @@ class ModelDrafter:
         self.ctx.seq_rm(seq, 0, -1)
 
 
-class ListDrafter:
+class ListDrafter(DrafterBase):
     """Proposes fixed continuations (tests): tokens[len(history):] of the longest list that extends history."""
 
     name = "list"
@@ -182,7 +230,7 @@ class ListDrafter:
         pass
 
 
-class LookupDrafter:
+class LookupDrafter(DrafterBase):
     """Prompt lookup: find the longest recent n-gram that ends the history earlier in the history
     (prompt and output), and propose what followed it. Free to compute; strong when the answer
     repeats the prompt (code edits)."""
@@ -254,7 +302,7 @@ def lookup_key(match_len: int) -> str:
 LOOKUP_PRIORS = {"lookup-16": 0.95, "lookup-32": 0.95}
 
 
-class AdaptiveDrafter:
+class AdaptiveDrafter(DrafterBase):
     """Prompt lookup first (free), else the draft model; each only with the draft length the
     controller expects to beat plain decoding on this machine (often none)."""
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, Protocol
 
 import numpy as np
 from pydantic import BaseModel, Field
@@ -80,10 +80,18 @@ def _top2(logits: np.ndarray) -> tuple[int, float]:
     return i, top - second
 
 
+class CostObserver(Protocol):
+    """Told the time of each verify decode (n tokens in the batch): the controller's cost model."""
+
+    def observe_verify(self, n: int, seconds: float) -> None: ...
+
+
 class Engine:
-    def __init__(self, target: Context, drafter: Drafter | None, n_slots: int, draft_limit: int | None = None) -> None:
+    def __init__(self, target: Context, drafter: Drafter | None, n_slots: int, draft_limit: int | None = None,
+                 costs: CostObserver | None = None) -> None:
         self.target = target
         self.drafter = drafter
+        self.costs = costs  # told the time of every verify decode (the controller's cost model learns from them)
         self.n_vocab = target.model.n_vocab
         self.window = target.model.swa_window
         self.slots = [Slot(i) for i in range(n_slots)]
@@ -118,7 +126,7 @@ class Engine:
             raise
         slot.cached = list(req.prompt)
         slot.request, slot.generated = req, 0
-        if hasattr(self.drafter, "begin_request"):  # drafters that keep estimates per request
+        if self.drafter is not None:
             self.drafter.begin_request(slot.id)
         slot.record = RequestRecord(prompt_tokens=len(req.prompt), reused_tokens=n)
         if slot.sampler is not None:
@@ -131,8 +139,9 @@ class Engine:
         slot.generated = 1
         slot.record.t_prompt = slot.record.ttft = time.perf_counter() - t0
         slot.record.completion.append(first)
-        rec = StepRecord(slot.id, [first], 0, 0, 0, "none", 0.0, slot.record.t_prompt, 0.0,
-                         [trace[0]] if trace else None, [trace[1]] if trace else None)
+        rec = StepRecord(slot=slot.id, tokens=[first], drafted=0, accepted=0, k=0, drafter="none", t_draft=0.0,
+                         t_verify=slot.record.t_prompt, t_sample=0.0, target_argmax=[trace[0]] if trace else None,
+                         top2_gap=[trace[1]] if trace else None)
         if first in req.stop_tokens:
             rec.finish_reason = "stop"
         elif req.max_tokens <= 1:
@@ -159,9 +168,7 @@ class Engine:
         slot.cached = list(prompt[:n])
         if self.drafter is not None:
             self.drafter.release(slot.id)
-            share = getattr(self.drafter, "share_prefix", None)
-            if share is not None:
-                share(donor.id, slot.id, prompt[:n])
+            self.drafter.share_prefix(donor.id, slot.id, prompt[:n])
 
     def _make_room(self, slot: Slot, need: int) -> None:
         """Room for `need` cells on `slot` (besides what the other slots hold), else PoolBusy."""
@@ -229,13 +236,23 @@ class Engine:
     def step(self, slots: Sequence[Slot]) -> list[StepRecord]:
         """One speculative step for every slot given: draft, one batched verify, accept, roll back."""
         ks = {s.id: self._k_for(s) for s in slots}
-        starved = self._budget(slots, ks)
-        ended = [StepRecord(s.id, [], 0, 0, 0, "none", 0.0, 0.0, 0.0, finish_reason="context") for s in starved]
-        slots = [s for s in slots if s not in starved]
+        ended, slots = self._drop_starved(slots, ks)
         drafts, t_draft = self._draft(slots, ks)
-
         if not slots:
             return ended
+        rows, t_verify = self._verify_decode(slots, drafts)
+        return ended + [self._keep(s, drafts[s.id], rows[s.id], ks[s.id], t_draft[s.id], t_verify) for s in slots]
+
+    def _drop_starved(self, slots: Sequence[Slot], ks: dict[int, int]) -> tuple[list[StepRecord], list[Slot]]:
+        """Slots the KV pool has no room for end with "context"; the others go on."""
+        starved = self._budget(slots, ks)
+        ended = [StepRecord(slot=s.id, tokens=[], drafted=0, accepted=0, k=0, drafter="none", t_draft=0.0,
+                            t_verify=0.0, t_sample=0.0, finish_reason="context") for s in starved]
+        return ended, [s for s in slots if s not in starved]
+
+    def _verify_decode(self, slots: Sequence[Slot], drafts: dict[int, Draft]) -> tuple[dict[int, list[int]], float]:
+        """Every slot's last token and draft in one target decode: the logits rows of each, and the
+        decode's time per slot."""
         t = time.perf_counter()
         batch = self.target.batch
         batch.clear()
@@ -248,39 +265,37 @@ class Engine:
             rows[s.id] = [batch.add(tok, base + j, s.id, True) for j, tok in enumerate(seq)]
         self.target.decode(batch)
         t_verify = time.perf_counter() - t
-        controller = getattr(self.drafter, "controller", None)
-        if controller is not None and controller.learn_costs:  # costs follow real steps (n tokens, any slots)
-            controller.costs.observe_verify(len(batch), t_verify)
-        t_verify /= max(1, len(slots))
+        if self.costs is not None:  # costs follow real steps (n tokens, any slots)
+            self.costs.observe_verify(len(batch), t_verify)
+        return rows, t_verify / max(1, len(slots))
 
-        out = ended
-        for s in slots:
-            t = time.perf_counter()
-            d = drafts[s.id]
-            acc, argmax, gaps = self._accept(s, d, rows[s.id])
-            base = len(s.tokens) - 1
-            keep = base + 1 + acc.n_accepted  # positions [0, keep) stay in the cache
-            if not self.target.seq_rm(s.id, keep, -1):
-                raise SpecdeckError(f"llama.cpp could not roll slot {s.id} back to {keep}")
-            # the cache now holds tokens[:base] (as before the step), the last token and the kept
-            # drafts; updated in place: a copy of the whole context each step is milliseconds at 110K
-            del s.cached[base:]
-            s.cached.append(s.tokens[-1])
-            s.cached.extend(d.tokens[: acc.n_accepted])
-            if self.drafter is not None and d.tokens:
-                self.drafter.accepted(s.id, d, acc.n_accepted)
-            rec = StepRecord(s.id, acc.tokens, len(d.tokens), acc.n_accepted, ks[s.id],
-                             (d.source or self.drafter.name) if (self.drafter and d.tokens) else "none",
-                             t_draft[s.id], t_verify, time.perf_counter() - t, argmax, gaps)
-            if d.choice is not None:
-                rec.alpha_est, rec.expected_gain, rec.reason = d.choice.alpha, d.choice.gain, d.choice.reason
-            self._emit(s, rec)
-            out.append(rec)
-        return out
+    def _keep(self, s: Slot, d: Draft, rows: list[int], k: int, t_draft: float, t_verify: float) -> StepRecord:
+        """Accept the agreeing prefix of one slot's draft, roll the cache back past it, record the step."""
+        t = time.perf_counter()
+        acc, argmax, gaps = self._accept(s, d, rows)
+        base = len(s.tokens) - 1
+        keep = base + 1 + acc.n_accepted  # positions [0, keep) stay in the cache
+        if not self.target.seq_rm(s.id, keep, -1):
+            raise SpecdeckError(f"llama.cpp could not roll slot {s.id} back to {keep}")
+        # the cache now holds tokens[:base] (as before the step), the last token and the kept
+        # drafts; updated in place: a copy of the whole context each step is milliseconds at 110K
+        del s.cached[base:]
+        s.cached.append(s.tokens[-1])
+        s.cached.extend(d.tokens[: acc.n_accepted])
+        if self.drafter is not None and d.tokens:
+            self.drafter.accepted(s.id, d, acc.n_accepted)
+        rec = StepRecord(slot=s.id, tokens=acc.tokens, drafted=len(d.tokens), accepted=acc.n_accepted, k=k,
+                         drafter=(d.source or self.drafter.name) if (self.drafter and d.tokens) else "none",
+                         t_draft=t_draft, t_verify=t_verify, t_sample=time.perf_counter() - t,
+                         target_argmax=argmax, top2_gap=gaps)
+        if d.choice is not None:
+            rec.alpha_est, rec.expected_gain, rec.reason = d.choice.alpha, d.choice.gain, d.choice.reason
+        self._emit(s, rec)
+        return rec
 
     def _draft(self, slots: Sequence[Slot], ks: dict[int, int]) -> tuple[dict[int, Draft], dict[int, float]]:
         """Each slot's draft (up to ks[id] tokens) and the seconds it took. Drafters that choose the
-        lengths of all slots together (they share one verify decode) get the whole step at once."""
+        lengths of all slots together (they share one verify decode) time the step as a whole."""
         asks = []
         for s in slots:
             req = s.request
@@ -289,17 +304,11 @@ class Engine:
             asks.append(Ask(s.id, s.tokens, ks[s.id], req.sampling if rejection else None, s.rng))
         if self.drafter is None or not any(a.k > 0 for a in asks):
             return {s.id: Draft([]) for s in slots}, {s.id: 0.0 for s in slots}
-        if hasattr(self.drafter, "propose_all"):
-            t = time.perf_counter()
-            out = self.drafter.propose_all(asks)
-            each = (time.perf_counter() - t) / len(asks)
-            return {a.seq: d for a, d in zip(asks, out)}, {a.seq: each for a in asks}
-        drafts, t_draft = {}, {}
-        for a in asks:
-            t = time.perf_counter()
-            drafts[a.seq] = self.drafter.propose(a.seq, a.history, a.k, a.sampling, a.rng) if a.k > 0 else Draft([])
-            t_draft[a.seq] = time.perf_counter() - t
-        return drafts, t_draft
+        t = time.perf_counter()
+        out = self.drafter.propose_all(asks)
+        each = (time.perf_counter() - t) / len(asks)  # drafts chosen together share the time
+        return ({a.seq: d for a, d in zip(asks, out)},
+                {a.seq: d.seconds if d.seconds is not None else each for a, d in zip(asks, out)})
 
     def _accept(self, s: Slot, d: Draft, rows: list[int]) -> tuple[Accepted, list[int] | None, list[float] | None]:
         req = s.request

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from app.engine.controller import Controller, calibrate
-from app.engine.drafter import AdaptiveDrafter, LookupDrafter, ModelDrafter
+from app.engine.drafter import AdaptiveDrafter, Drafter, LookupDrafter, ModelDrafter
 from app.engine.engine import Engine
 from app.engine.text import Tokenizer
 from app.gguf.info import ModelInfo
@@ -36,10 +36,29 @@ def load(plan: Plan, target: ModelInfo, draft: ModelInfo | None, threads: int, a
     dc = None
     if draft is not None and plan.draft is not None:
         dc = Context(Model(Path(draft.path), plan.draft.n_gpu_layers), plan.draft, threads)
-    drafter = ModelDrafter(dc) if dc else None
+    controller = None
     if adaptive:
         # verify decodes hold up to every slot's last token and drafts: their costs are measured too
         controller = Controller(calibrate(tc, dc, min(64, plan.parallel * (plan.draft_max + 1)) - 1))
-        drafter = AdaptiveDrafter(controller, LookupDrafter(), drafter)
-    engine = Engine(tc, drafter, plan.parallel, draft_limit=plan.draft_max)
+    drafter = build_drafter("adaptive" if adaptive else "draft", dc, controller)
+    engine = Engine(tc, drafter, plan.parallel, draft_limit=plan.draft_max, costs=controller)
     return Loaded(engine, Tokenizer(tm, target.vocab.chat_template), tc, dc)
+
+
+DRAFTER_KINDS = ("plain", "draft", "lookup", "adaptive")
+
+
+def build_drafter(kind: str, draft: Context | None, controller: Controller | None = None) -> Drafter | None:
+    """The drafter of one kind, as serve, bench and the equivalence check use it: none (plain
+    decoding), the draft model (None without one), prompt lookup, or both behind the controller."""
+    if kind == "plain":
+        return None
+    if kind == "draft":
+        return ModelDrafter(draft) if draft else None
+    if kind == "lookup":
+        return LookupDrafter()
+    if kind == "adaptive":
+        if controller is None:
+            raise ValueError("the adaptive drafter needs a controller")
+        return AdaptiveDrafter(controller, LookupDrafter(), ModelDrafter(draft) if draft else None)
+    raise ValueError(f"unknown drafter kind {kind!r} (one of {', '.join(DRAFTER_KINDS)})")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 
-@dataclass
+@dataclass(kw_only=True)
 class StepRecord:
     slot: int
     tokens: list[int]  # emitted this step

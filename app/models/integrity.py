@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from app.errors import VerifyError
+from app.errors import IntegrityError
 
 CHUNK = 8 * 1024 * 1024
 OnBytes = Callable[[int], None]
@@ -85,7 +85,7 @@ class VerifiedRecords:
             self._save(data)
 
 
-def verify_file(
+def check_integrity(
     path: Path,
     records: VerifiedRecords,
     sha256: str | None,
@@ -101,13 +101,13 @@ def verify_file(
     """
     actual_size = os.stat(path).st_size
     if size is not None and actual_size != size:
-        raise VerifyError(f"{path}: size mismatch: expected {size:,} bytes, got {actual_size:,}")
+        raise IntegrityError(f"{path}: size mismatch: expected {size:,} bytes, got {actual_size:,}")
     cached = None if force else records.lookup(path)
     if cached is not None and (sha256 is None or cached == sha256):
         return cached, False
     digest = sha256_file(path, on_bytes)
     if sha256 is not None and digest != sha256:
         records.forget(path)
-        raise VerifyError(f"{path}: SHA-256 mismatch: expected {sha256}, got {digest}")
+        raise IntegrityError(f"{path}: SHA-256 mismatch: expected {sha256}, got {digest}")
     records.record(path, digest)
     return digest, True

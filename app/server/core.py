@@ -199,8 +199,7 @@ def refresh_gauges(service: Service, metrics: Metrics) -> list:
     metrics.queue_depth.set(service.scheduler.queue_depth())
     metrics.busy_slots.set(service.scheduler.busy_slots())
     metrics.tokens_per_second.set(recent_tps(service))
-    drafted = metrics.drafted._value.get()
-    metrics.acceptance.set(metrics.accepted._value.get() / drafted if drafted else 0.0)
+    metrics.acceptance.set(metrics.acceptance_rate() or 0.0)
     metrics.ram_used.set(psutil.Process().memory_info().rss)
     gpus = read_gpus()
     if gpus:
@@ -216,15 +215,14 @@ def status_json(service: Service, metrics: Metrics) -> dict:
         job = service.scheduler.active.get(s.id)
         slots.append({"id": s.id, "state": "generating" if job else "idle", "cached_tokens": len(s.cached),
                       "generated": s.generated if job else 0, **service.stats.slot(s.id)})
-    drafted = metrics.drafted._value.get()
     vm = psutil.virtual_memory()
     return {
         "models": service.models, "plan": service.plan, "slots": slots,
         "queue": service.scheduler.queue_depth(), "busy_slots": service.scheduler.busy_slots(),
         "speculative_default": service.speculative_default,
-        "draft_max": getattr(eng, "draft_limit", None),
+        "draft_max": eng.draft_limit,
         "recent_tokens_per_second": recent_tps(service),
-        "acceptance": metrics.accepted._value.get() / drafted if drafted else None,
+        "acceptance": metrics.acceptance_rate(),
         "gpu": [{"name": g.name, "total": g.total, "free": g.free, "utilization": g.utilization} for g in gpus],
         "host": {"total": vm.total, "available": vm.available, "rss": psutil.Process().memory_info().rss,
                  "cpu_percent": service.stats.cpu_percent()},

@@ -23,3 +23,9 @@ class Metrics:
         self.busy_slots = Gauge("specdeck_busy_slots", "Slots generating", registry=r)
         self.vram_used = Gauge("specdeck_vram_used_bytes", "GPU memory in use (GPU 0)", registry=r)
         self.ram_used = Gauge("specdeck_process_rss_bytes", "Resident memory of the server", registry=r)
+
+    def acceptance_rate(self) -> float | None:
+        """Accepted / drafted over all requests so far, read through the registry's public API."""
+        drafted = self.registry.get_sample_value("specdeck_draft_tokens_total") or 0.0
+        accepted = self.registry.get_sample_value("specdeck_draft_accepted_total") or 0.0
+        return accepted / drafted if drafted else None
