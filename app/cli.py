@@ -36,6 +36,8 @@ from app.gguf.info import read_model_info
 from app.plan.hardware import detect
 from app.plan.planner import PlanRequest, make_plan
 from app.plan.view import render_plan
+from app.server.settings import ServeSettings
+from app.settings import add_flags
 from app.units import parse_size
 
 out = Console(highlight=False)
@@ -53,7 +55,7 @@ out = Console(highlight=False)
 
 def cmd_models(args: argparse.Namespace) -> int:
     catalog = catalog_from_args(args)
-    fetcher = make_fetcher(args)
+    fetcher = make_fetcher(offline=True)
     table = Table(title=f"presets ({catalog.source})")
     for col in ("preset", "target", "draft", "context", "for", "on disk"):
         table.add_column(col)
@@ -84,7 +86,7 @@ def cmd_models(args: argparse.Namespace) -> int:
 def cmd_pull(args: argparse.Namespace) -> int:
     catalog = catalog_from_args(args)
     sel = make_selection(args, catalog)
-    fetcher = make_fetcher(args)
+    fetcher = make_fetcher(args.offline, args.verify)
     roles = [("target", sel.target)] + ([("draft", sel.draft)] if sel.draft else [])
     for role, ref in roles:
         got = pull_one(fetcher, ref)
@@ -102,7 +104,7 @@ def cmd_pull(args: argparse.Namespace) -> int:
 def cmd_check(args: argparse.Namespace) -> int:
     catalog = catalog_from_args(args)
     sel = make_selection(args, catalog)
-    fetcher = make_fetcher(args)
+    fetcher = make_fetcher(offline=True, verify=args.verify)
     target = local_path(fetcher, sel.target)
     draft = local_path(fetcher, sel.draft) if sel.draft else None
     result = check_pair(target, draft, probe=not args.no_probe)
@@ -130,7 +132,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 def cmd_plan(args: argparse.Namespace) -> int:
     catalog = catalog_from_args(args)
     sel = make_selection(args, catalog)
-    fetcher = make_fetcher(args)
+    fetcher = make_fetcher(args.offline)
     target = model_info(fetcher, sel.target)
     draft = model_info(fetcher, sel.draft) if sel.draft else None
     req = plan_request(
@@ -158,10 +160,11 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     from app.commands.doctor import failed, render_lines, run_all
 
     try:
-        settings = serve_settings(args, check=False)
+        settings = serve_settings(args, args.api_key_file, check=False)
     except SpecdeckError:  # a config file that does not parse has its own check; bad flags still stop here
-        settings = serve_settings(args, check=False, use_config=False)
-    checks = run_all(doctor_subject(args, settings), detect())
+        settings = serve_settings(args, args.api_key_file, check=False, use_config=False)
+    subject = doctor_subject(args, settings, make_fetcher(args.offline), args.api_key_file)
+    checks = run_all(subject, detect())
     bad = failed(checks)
     if args.json:
         out.print_json(json.dumps({"ok": not bad, "checks": [c.to_json() for c in checks]}))
@@ -176,7 +179,11 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 # -- verify ----------------------------------------------------------------------------------
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from app.commands.equivalence import EquivalenceReport, load_prompts, check_equivalence
+    from app.commands.equivalence import (
+        EquivalenceReport,
+        check_equivalence,
+        load_prompts,
+    )
     from app.engine.loader import load
 
     catalog = catalog_from_args(args)
@@ -184,7 +191,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     if sel.draft is None:
         raise SpecdeckError("verify needs a draft model (a preset with one, or --draft)")
     prompts = load_prompts(Path(args.prompts) if args.prompts else None)
-    fetcher = make_fetcher(args)
+    fetcher = make_fetcher(offline=True)
     target = read_model_info(local_path(fetcher, sel.target))
     draft = read_model_info(local_path(fetcher, sel.draft))
     hw = detect()
@@ -221,7 +228,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     catalog = catalog_from_args(args)
     sel = make_selection(args, catalog)
     prompts = load_prompts(Path(args.prompts) if args.prompts else None)
-    fetcher = make_fetcher(args)
+    fetcher = make_fetcher(offline=True)
     target = read_model_info(local_path(fetcher, sel.target))
     draft = read_model_info(local_path(fetcher, sel.draft)) if sel.draft else None
     hw = detect()
@@ -278,10 +285,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from app.server.serve import serve
 
     _server_logging()
-    settings = serve_settings(args)
+    settings = serve_settings(args, args.api_key_file)
     catalog = catalog_from_args(args)
     sel = make_selection(args, catalog)
-    fetcher = make_fetcher(args)
+    fetcher = make_fetcher(offline=True)
     target = read_model_info(local_path(fetcher, sel.target))
     draft = read_model_info(local_path(fetcher, sel.draft)) if sel.draft and settings.speculative else None
     if draft is not None:
@@ -302,7 +309,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     from app.commands.up import up
 
     _server_logging()
-    return up(args, serve_settings(args), console, out)
+    return up(args, serve_settings(args, args.api_key_file), console, out, key_file=args.api_key_file)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -341,29 +348,21 @@ def _add_selection(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft", help="draft model: catalogue name, hf:// URI or GGUF path")
 
 
-def _add_plan_overrides(p: argparse.ArgumentParser) -> None:
-    """The planner's inputs a user may fix (shared by plan and serve)."""
-    p.add_argument("--ctx", type=int, help="context length (default: the preset's; shrunk to fit unless given)")
-    p.add_argument("--cache-type", help="K and V cache type (f16, q8_0, q4_0, ...)")
-    p.add_argument("--cache-type-k", help="K cache type")
-    p.add_argument("--cache-type-v", help="V cache type")
-    p.add_argument("--n-gpu-layers", type=int, help="target layers on the GPU (default: all that fit)")
-    p.add_argument("--parallel", type=int, help="concurrent slots")
-    p.add_argument("--draft-max", type=int, help="most tokens drafted per step")
+def _add_plan_overrides(p: argparse.ArgumentParser, draft_max: bool = True) -> None:
+    """The planner's inputs a user may fix (PlanRequest's fields; shared by plan, serve, up, run)."""
+    add_flags(p, PlanRequest, PlanRequest.FLAGS)
+    p.add_argument("--cache-type", dest="cache_type", help="K and V cache type (f16, q8_0, q4_0, ...)")
+    if draft_max:
+        add_flags(p, PlanRequest, ("draft_max",))
 
 
 def _add_serve_flags(p: argparse.ArgumentParser) -> None:
-    """What serve and up share: address, key, config, planner overrides, limits."""
-    p.add_argument("--host", help="address to bind (default 127.0.0.1; another needs an API key)")
-    p.add_argument("--port", type=int, help="port (default 8000)")
+    """What serve, up and doctor share: ServeSettings' flags, the key file, the config, the planner's inputs."""
+    add_flags(p, ServeSettings, ServeSettings.FLAGS)
     p.add_argument("--api-key-file", help="file holding the API key (or set SPECDECK_API_KEY)")
     p.add_argument("--config", help="TOML config file (default: ~/.config/specdeck/config.toml if present)")
-    _add_plan_overrides(p)
+    _add_plan_overrides(p, draft_max=False)  # --draft-max is ServeSettings' (config and SPECDECK_DRAFT_MAX apply)
     p.add_argument("--threads", type=int, help="CPU threads (default: physical cores)")
-    p.add_argument("--max-queue", type=int, help="queued requests beyond busy slots before 429 (default 16)")
-    p.add_argument("--cors-origin", action="append", help="allow this origin (repeatable; CORS is off otherwise)")
-    p.add_argument("--no-speculative", action="store_true", help="start with speculation off")
-    p.add_argument("--log-prompts", action="store_true", help="log request text (off by default)")
 
 
 
@@ -393,7 +392,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the result as one JSON object")
     p.add_argument("--no-probe", action="store_true", help="do not confirm implicit vocabulary settings with llama.cpp")
     p.add_argument("--verify", action="store_true", help="re-hash catalogue files before checking")
-    p.set_defaults(func=cmd_check, offline=True)
+    p.set_defaults(func=cmd_check)
 
     p = sub.add_parser("plan", help="size context, KV cache types, offload and slots to fit the memory budget")
     _add_selection(p)
@@ -406,14 +405,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--margin", help="safety margin, e.g. 512MiB")
     p.add_argument("--json", action="store_true", help="print the plan as one JSON object")
     p.add_argument("--offline", action="store_true", help="plan only from files on disk (never read a header from the hub)")
-    p.set_defaults(func=cmd_plan, verify=False)
+    p.set_defaults(func=cmd_plan)
 
     p = sub.add_parser("doctor", help="the pre-deployment checklist: build, GPU, memory, disk, models, plan, port, key")
     _add_selection(p)
     _add_serve_flags(p)
     p.add_argument("--offline", action="store_true", help="never read a model header from the hub")
     p.add_argument("--json", action="store_true", help="print the checks as one JSON object")
-    p.set_defaults(func=cmd_doctor, verify=False)
+    p.set_defaults(func=cmd_doctor)
 
     p = sub.add_parser("verify", help="run prompts with speculation on and off and check every step")
     _add_selection(p)
@@ -422,7 +421,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--draft-max", type=int, default=8, help="most tokens drafted per step (default 8)")
     p.add_argument("--ctx", type=int, default=4096, help="context length (default 4096)")
     p.add_argument("--json", action="store_true", help="print the report as one JSON object")
-    p.set_defaults(func=cmd_verify, offline=True, verify=False)
+    p.set_defaults(func=cmd_verify)
 
     p = sub.add_parser("bench", help="tokens/s plain, with the draft, with lookup and adaptive, next to llama-server")
     _add_selection(p)
@@ -433,12 +432,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, help="threads (default: physical cores)")
     p.add_argument("--no-anchors", action="store_true", help="skip llama-server")
     p.add_argument("--json", action="store_true", help="print the result as one JSON object")
-    p.set_defaults(func=cmd_bench, offline=True, verify=False)
+    p.set_defaults(func=cmd_bench)
 
     p = sub.add_parser("serve", help="serve the pair behind an OpenAI-compatible API")
     _add_selection(p)
     _add_serve_flags(p)
-    p.set_defaults(func=cmd_serve, offline=True, verify=False)
+    p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("up", help="pull, verify, check, plan, load, warm up and serve, with a live dashboard")
     _add_selection(p)
@@ -463,7 +462,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", help="TOML config file (default: ~/.config/specdeck/config.toml if present)")
     p.add_argument("--threads", type=int, help="CPU threads (default: physical cores)")
     p.add_argument("--max-tokens", type=int, default=1024, help="most tokens per answer (default 1024)")
-    p.add_argument("--no-speculative", action="store_true", help="plain decoding")
+    add_flags(p, ServeSettings, ("speculative",))
     p.add_argument("--offline", action="store_true", help="use only what is on disk (as HF_HUB_OFFLINE=1)")
     p.add_argument("--verify", action="store_true", help="re-hash every model file even if it was verified before")
     p.set_defaults(func=cmd_run)

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import argparse
 import os
+import types
+import typing
+from collections.abc import Sequence
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import BaseModel, Field
+from pydantic_core import PydanticUndefined
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -79,3 +84,44 @@ def paths() -> Paths:
 
 def hub_settings() -> HubSettings:
     return HubSettings()
+
+
+# -- flags derived from settings models ---------------------------------------------------------
+# A settings model's field is the one source of a setting: its flag, its SPECDECK_* variable (for
+# BaseSettings) and its config-file key all come from the field, with its description as the help.
+# Field(json_schema_extra={"flag": "--cors-origin"}) renames a flag; {"negate": True} on a bool
+# field gives a --no-... flag that sets it False.
+
+def _flag_type(annotation) -> type:
+    args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType) and args:
+        return _flag_type(args[0])
+    if typing.get_origin(annotation) is list:
+        return list
+    return annotation if annotation in (int, float, str, bool) else str
+
+
+def add_flags(parser: argparse.ArgumentParser, model: type[BaseModel], names: Sequence[str]) -> None:
+    """Add `--field-name` flags for these fields of `model`. A flag not given leaves None, so the
+    config file, the environment and the field's default apply (see `given`)."""
+    for name in names:
+        field = model.model_fields[name]
+        extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
+        flag = str(extra.get("flag") or "--" + name.replace("_", "-"))
+        kind = _flag_type(field.annotation)
+        default = field.get_default(call_default_factory=False)
+        unset = default is PydanticUndefined or default in (None, [], False)
+        shown = "" if unset or kind is bool else f" (default {default})"
+        metavar = flag.lstrip("-").upper().replace("-", "_")
+        help_ = str(extra.get("help") or field.description or name) + shown
+        if kind is bool:
+            parser.add_argument(flag, dest=name, action="store_const", const=not extra.get("negate"), default=None, help=help_)
+        elif kind is list:
+            parser.add_argument(flag, dest=name, action="append", default=None, metavar=metavar, help=help_ + " (repeatable)")
+        else:
+            parser.add_argument(flag, dest=name, type=kind, default=None, metavar=metavar, help=help_)
+
+
+def given(args: argparse.Namespace, model: type[BaseModel]) -> dict:
+    """The flags of `model`'s fields that the user gave."""
+    return {k: v for k, v in vars(args).items() if k in model.model_fields and v is not None}

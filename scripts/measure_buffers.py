@@ -3,7 +3,7 @@
     python scripts/measure_buffers.py [FILE.gguf ...]   (default: every model in specdeck's cache)
 
 Prints, per file, the AMX and CPU_REPACK copies and the CPU_Mapped span: predicted by
-`memory_terms` for the extra buffers the *installed* build has (`app.build.info.cpu_buffers`), and
+`app.plan.terms` for the extra buffers the *installed* build has (`app.build.info.cpu_buffers`), and
 reported by llama.cpp when it loads the file (no decode, so it runs even under a build whose
 kernels this CPU cannot execute). The test suite's AMX figures were measured with it.
 """

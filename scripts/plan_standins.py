@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Plan both 27B presets for a 24 GiB card from stand-ins of their files (real headers and tensor
-tables, no tensor data; see app/synthetic.py for what is assumed), as the README shows them.
+tables, no tensor data; see app/gguf/synthetic.py for what is assumed), as docs/BENCHMARKS.md shows them.
 
     python scripts/plan_standins.py [--vram 24GiB] [--ctx 110000] [--json]
 """

@@ -7,7 +7,7 @@ import pytest
 from rich.console import Console
 from support.fakehub import FakeHub
 
-from app.errors import DiskSpaceError, DownloadError, SourceUnavailable, IntegrityError
+from app.errors import DiskSpaceError, DownloadError, IntegrityError, SourceUnavailable
 from app.models.catalog import ModelSpec
 from app.models.fetch import Fetcher
 from app.settings import hub_settings, paths

@@ -7,7 +7,7 @@ import zipfile
 import pytest
 from rich.console import Console
 
-from app.errors import DownloadError, SourceUnavailable, IntegrityError
+from app.errors import DownloadError, IntegrityError, SourceUnavailable
 from app.models.catalog import ModelSpec, PypiMirror
 from app.models.fetch import Fetcher
 from app.settings import hub_settings, paths

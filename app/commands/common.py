@@ -16,7 +16,7 @@ from app.models.refs import ModelRef, Selection, select
 from app.plan.hardware import default_preset_reason, detect
 from app.plan.planner import PlanRequest
 from app.server.settings import ServeSettings
-from app.settings import hub_settings, paths
+from app.settings import given, hub_settings, paths
 
 console = Console(stderr=True, highlight=False)
 
@@ -36,9 +36,9 @@ def make_selection(args: argparse.Namespace, catalog: Catalog) -> Selection:
     return select(catalog, args.name, args.target, args.draft, lambda: default_preset(catalog))
 
 
-def make_fetcher(args: argparse.Namespace) -> Fetcher:
-    return Fetcher(paths(), hub_settings(), console, offline=getattr(args, "offline", False),
-                   force_verify=getattr(args, "verify", False))
+def make_fetcher(offline: bool, verify: bool = False) -> Fetcher:
+    """`offline`: use only what is on disk; `verify`: re-hash files even where a record vouches for them."""
+    return Fetcher(paths(), hub_settings(), console, offline=offline, force_verify=verify)
 
 
 def pull_one(fetcher: Fetcher, ref: ModelRef) -> Fetched:
@@ -72,33 +72,30 @@ def model_info(fetcher: Fetcher, ref: ModelRef) -> ModelInfo:
     return info
 
 
-def doctor_subject(args: argparse.Namespace, settings: ServeSettings):
+def doctor_subject(args: argparse.Namespace, settings: ServeSettings, fetcher: Fetcher, key_file: str | None):
     from app.commands.doctor import Subject
 
     catalog = catalog_from_args(args)
     config = Path(args.config) if args.config else paths().config_dir / "config.toml"
-    return Subject(make_selection(args, catalog), make_fetcher(args), settings.host, settings.port, bool(settings.api_key),
-                   Path(args.api_key_file) if getattr(args, "api_key_file", None) else None, config, bool(args.config),
-                   plan_request(args))
+    return Subject(make_selection(args, catalog), fetcher, settings.host, settings.port, bool(settings.api_key),
+                   Path(key_file) if key_file else None, config, bool(args.config), plan_request(args))
 
 
-def serve_settings(args: argparse.Namespace, check: bool = True, use_config: bool = True) -> ServeSettings:
-    """Server settings: config file, then SPECDECK_* variables, then flags (serve, up and run).
-    `check=False` (doctor) reports an unsafe exposure as a check instead of refusing."""
+def serve_settings(args: argparse.Namespace, key_file: str | None = None, check: bool = True,
+                   use_config: bool = True) -> ServeSettings:
+    """Server settings: config file, then SPECDECK_* variables, then the flags given (serve, up, run,
+    doctor; the flags are ServeSettings' own fields). `check=False` (doctor) reports an unsafe
+    exposure or an unreadable key file as a check instead of refusing."""
     from app.server.settings import load_settings, read_key_file
 
     config = Path(args.config) if args.config else paths().config_dir / "config.toml"
-    overrides = {"host": getattr(args, "host", None), "port": getattr(args, "port", None),
-                 "max_queue": getattr(args, "max_queue", None), "draft_max": args.draft_max,
-                 "cors_origins": getattr(args, "cors_origin", None), "log_prompts": getattr(args, "log_prompts", False) or None,
-                 "speculative": False if args.no_speculative else None}
-    if getattr(args, "api_key_file", None) and check:
-        overrides["api_key"] = read_key_file(Path(args.api_key_file))
-    if getattr(args, "api_key_file", None) and not check:
+    overrides = given(args, ServeSettings)
+    if key_file:
         try:
-            overrides["api_key"] = read_key_file(Path(args.api_key_file))
+            overrides["api_key"] = read_key_file(Path(key_file))
         except SpecdeckError:
-            overrides.pop("api_key", None)  # doctor names the key file's problem in its own line
+            if check:
+                raise  # doctor names the key file's problem in its own line
     settings = load_settings(config if use_config and (args.config or config.exists()) else None, overrides)
     if check:
         settings.check()
@@ -106,10 +103,11 @@ def serve_settings(args: argparse.Namespace, check: bool = True, use_config: boo
 
 
 def plan_request(args: argparse.Namespace, **more) -> PlanRequest:
-    """A PlanRequest from the shared override flags (plus what the command adds)."""
-    return PlanRequest(
-        ctx=args.ctx, ctx_is_user_choice=args.ctx is not None,
-        cache_type_k=args.cache_type_k or args.cache_type, cache_type_v=args.cache_type_v or args.cache_type,
-        n_gpu_layers=args.n_gpu_layers, parallel=args.parallel, **{"draft_max": args.draft_max, **more},
-    )
+    """A PlanRequest from the planner flags given (PlanRequest's own fields; `--cache-type` sets both
+    K and V), plus what the command adds."""
+    values = {**given(args, PlanRequest), **{k: v for k, v in more.items() if v is not None}}
+    both = vars(args).get("cache_type")
+    for kv in ("cache_type_k", "cache_type_v"):
+        values.setdefault(kv, both)
+    return PlanRequest(**values, ctx_is_user_choice=values.get("ctx") is not None)
 

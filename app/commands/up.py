@@ -67,15 +67,15 @@ class Prepared:
     hw: Hardware
 
 
-def prepare(args: argparse.Namespace, settings: ServeSettings, steps: Steps) -> Prepared:
+def prepare(args: argparse.Namespace, settings: ServeSettings, steps: Steps, key_file: str | None = None) -> Prepared:
     """Hardware, pull, check, plan: the same functions `pull`, `check` and `plan` run."""
-    from app.commands.common import doctor_subject, plan_request, pull_one
+    from app.commands.common import doctor_subject, make_fetcher, plan_request, pull_one
     from app.commands.doctor import failed, machine_checks
 
     with steps.step("detect hardware") as r:
         hw = detect()
         gpus = ", ".join(f"{g.name} {g.total / 2**30:.1f} GiB" for g in hw.gpus) or "no NVIDIA GPU"
-        subject = doctor_subject(args, settings)
+        subject = doctor_subject(args, settings, make_fetcher(args.offline, args.verify), key_file)
         sel: Selection = subject.selection
         fetcher = subject.fetcher
         checks = machine_checks(subject, hw, port=False)  # the port is already bound: ours
@@ -179,7 +179,8 @@ def sigterm_as_interrupt():
         signal.signal(signal.SIGTERM, old)
 
 
-def up(args: argparse.Namespace, settings: ServeSettings, console: Console, out: Console) -> int:
+def up(args: argparse.Namespace, settings: ServeSettings, console: Console, out: Console,
+       key_file: str | None = None) -> int:
     from app.server.app import create_app
     from app.server.core import status_json
     from app.server.serve import (
@@ -199,7 +200,7 @@ def up(args: argparse.Namespace, settings: ServeSettings, console: Console, out:
     events = EventLog()
     try:
         with sigterm_as_interrupt():
-            prep = prepare(args, settings, steps)
+            prep = prepare(args, settings, steps, key_file)
             threads = args.threads or prep.hw.cpu_count
             loaded = load_and_warm(prep, threads, settings.speculative, steps)
             url = f"http://{settings.host}:{settings.port}"

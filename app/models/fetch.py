@@ -17,9 +17,9 @@ from rich.console import Console
 from app.errors import (
     DiskSpaceError,
     DownloadError,
+    IntegrityError,
     SourceUnavailable,
     SpecdeckError,
-    IntegrityError,
 )
 from app.gguf.info import ModelInfo, read_model_info
 from app.models import hub

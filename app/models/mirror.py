@@ -16,7 +16,7 @@ import zipfile
 from collections.abc import Callable
 from pathlib import Path
 
-from app.errors import DownloadError, SourceUnavailable, IntegrityError
+from app.errors import DownloadError, IntegrityError, SourceUnavailable
 from app.models.catalog import ModelSpec, PypiMirror
 from app.models.integrity import CHUNK, sha256_file
 

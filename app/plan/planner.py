@@ -3,7 +3,7 @@
     target weights + draft weights + KV caches + recurrent state + compute + output
         + runtime reserve + safety margin  <=  budget
 
-Each term is one function of GGUF metadata (`memory_terms`). The search walks candidate settings
+Each term is one function of GGUF metadata (`app.plan.terms`). The search walks candidate settings
 from best to most compact and takes the first that fits; nothing else in specdeck decides context
 size, cache types, offload or slots.
 """
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import asdict, dataclass, field
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import BaseModel, Field
 
@@ -37,11 +37,13 @@ class PlanRequest(BaseModel):
     device: Literal["auto", "cuda", "cpu"] = Field("auto", description="plan for the GPU (cuda) or host RAM (cpu)")
     vram: int | None = Field(None, description="the card's total memory in bytes (default: free memory read with pynvml)")
     ram: int | None = Field(None, description="host memory budget in bytes (default: available memory, psutil)")
-    ctx: int | None = Field(None, description="context length wanted (default: the preset's)")
+    ctx: int | None = Field(None, description="context length (default: the preset's; shrunk to fit unless given)")
     cache_type_k: str | None = Field(None, description="K cache type: f16, q8_0, q4_0 ...")
     cache_type_v: str | None = Field(None, description="V cache type")
     n_gpu_layers: int | None = Field(None, description="target layers on the GPU (default: all that fit)")
     parallel: int | None = Field(None, ge=1, le=64, description="concurrent slots (sequences)")
+
+    FLAGS: ClassVar[tuple[str, ...]] = ("ctx", "cache_type_k", "cache_type_v", "n_gpu_layers", "parallel")
     draft_max: int | None = Field(None, ge=0, le=64, description="most tokens drafted per step (default: the planner chooses)")
     n_ubatch: int | None = Field(None, ge=32, description="physical batch size")
     reserve: int | None = Field(None, ge=0, description="runtime reserve in bytes (CUDA context, driver, display)")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ipaddress
 import tomllib
+import typing
 from pathlib import Path
 
 from pydantic import Field, ValidationError
@@ -16,17 +17,23 @@ class ServeSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="SPECDECK_", extra="ignore")
 
     host: str = Field("127.0.0.1", description="address to bind (anything but loopback needs an API key)")
-    port: int = Field(8000, ge=1, le=65535)
+    port: int = Field(8000, ge=1, le=65535, description="port to listen on")
     api_key: str | None = Field(None, description="from SPECDECK_API_KEY or --api-key-file; never a flag", repr=False)
-    cors_origins: list[str] = Field(default_factory=list, description="origins allowed by CORS (off when empty)")
-    max_queue: int = Field(16, ge=0, description="requests waiting beyond the busy slots before 429")
+    cors_origins: list[str] = Field(default_factory=list, description="allow this origin by CORS (off when none is given)",
+                                    json_schema_extra={"flag": "--cors-origin"})
+    max_queue: int = Field(16, ge=0, description="queued requests beyond the busy slots before 429")
     request_timeout: float = Field(600.0, gt=0, description="wall-clock limit per request, seconds")
     max_tokens: int = Field(4096, ge=1, description="cap on max_tokens per request")
     shutdown_grace: float = Field(2.0, ge=0, description="seconds generation in flight may go on after SIGTERM")
     max_body_bytes: int = Field(8 * 2**20, ge=1024, description="largest request body accepted (413 beyond)")
     draft_max: int | None = Field(None, ge=0, le=64, description="most tokens drafted per step (default: the planner chooses)")
-    speculative: bool = Field(True, description="speculation on by default (requests can turn it off)")
+    speculative: bool = Field(True, description="speculation on by default (requests can turn it off)",
+                              json_schema_extra={"flag": "--no-speculative", "negate": True, "help": "start with speculation off"})
     log_prompts: bool = Field(False, description="log request text (off: only counts and timings)")
+
+    # the fields `serve`, `up` and `doctor` take as flags (the API key never is one)
+    FLAGS: typing.ClassVar[tuple[str, ...]] = ("host", "port", "max_queue", "cors_origins", "speculative", "log_prompts",
+                                               "draft_max")
 
     def check(self) -> None:
         if not is_loopback(self.host) and not self.api_key:
