@@ -5,6 +5,7 @@ built from the same llama.cpp sources is present, the same prompts through it as
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import shutil
@@ -16,15 +17,31 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from rich.table import Table
+
+from app.commands.common import (
+    catalog_from_args,
+    console,
+    local_path,
+    make_fetcher,
+    make_selection,
+    out,
+)
 from app.commands.equivalence import prompt_tokens
 from app.engine.controller import Controller, calibrate
 from app.engine.engine import Engine, Request, SpecParams
 from app.engine.loader import DRAFTER_KINDS, Loaded, build_drafter
+from app.gguf.info import read_model_info
+from app.plan.hardware import detect
+from app.plan.planner import PlanRequest, make_plan
 
 MODES = ("plain", "adaptive", "lookup", "draft")  # plain and adaptive side by side; the order flips each repeat
 DRAFT_N_MAX = 8  # the draft model at a fixed length, greedy (our "draft" mode)
 ANCHOR_P_MIN = 0.75  # llama-server's best draft setting here (FACTS: n-max 8, p-min 0.75)
 ADAPTIVE_N_MAX = 48  # the controller may go this long (lookup proposals are free to make; llama-server's ngram-simple drafts 48)
+
+
+
 
 
 @dataclass
@@ -223,3 +240,55 @@ def ratios(workloads: dict, anchor_runs: dict) -> dict:
                 r[key], r[key + "_min"], r[key + "_max"] = got
         out[kind] = r
     return out
+
+
+# -- the command -------------------------------------------------------------------------------
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    import contextlib
+
+    from app.commands.equivalence import load_prompts
+    from app.engine.loader import load
+
+    catalog = catalog_from_args(args)
+    sel = make_selection(args, catalog)
+    prompts = load_prompts(Path(args.prompts) if args.prompts else None)
+    fetcher = make_fetcher(offline=True)
+    target = read_model_info(local_path(fetcher, sel.target))
+    draft = read_model_info(local_path(fetcher, sel.draft)) if sel.draft else None
+    hw = detect()
+    plan = make_plan(target, draft, PlanRequest(ctx=args.ctx, ctx_is_user_choice=True, parallel=1, draft_max=16), hw, args.ctx)
+    threads = args.threads or hw.cpu_count
+    log = (lambda *a, **k: console.print(*a, **k)) if args.json else (lambda *a, **k: out.print(*a, **k))
+    server = None if args.no_anchors else find_llama_server()
+    if server is not None:
+        log(f"anchors: {server} (kept up, measured next to each prompt's runs)")
+    elif not args.no_anchors:
+        log("anchors: no llama-server found (scripts/build_llama_server.sh builds one)")
+    servers = (AnchorServers(server, target.path, draft.path if draft else None, threads, plan.ctx) if server
+               else contextlib.nullcontext(None))
+    with servers as up:
+        loaded = load(plan, target, draft, threads)
+        try:
+            log(f"bench: {sel.name}, {threads} threads, {args.max_tokens} tokens per prompt, {args.repeats} repeats")
+            workloads, costs, anchors = run_engine(loaded, prompts, args.max_tokens, args.repeats, log=log, anchors=up)
+        finally:
+            loaded.close()
+    anchor_runs = anchors.pop("runs", {})
+    result = {"workloads": workloads, "anchors": anchors, "anchor_runs": anchor_runs,
+              "ratios": ratios(workloads, anchor_runs), "costs": costs,
+              "threads": threads, "max_tokens": args.max_tokens, "repeats": args.repeats}
+    if args.json:
+        out.print_json(json.dumps(result))
+    else:
+        table = Table(title="tokens/s (median of repeats)")
+        for col in ("workload", "plain", "draft", "lookup", "adaptive", "adaptive / plain", "server plain", "server draft", "server lookup"):
+            table.add_column(col, justify="right")
+        for kind, modes in workloads.items():
+            cell = lambda m, modes=modes: f"{modes[m]['tok_s']:.1f}" if m in modes and modes[m]["tok_s"] else "-"  # noqa: E731
+            anchor = lambda a, kind=kind: f"{anchors[a][kind]:.1f}" if kind in anchors.get(a, {}) else "-"  # noqa: E731
+            r = result["ratios"][kind].get("adaptive_vs_plain")
+            table.add_row(kind, cell("plain"), cell("draft"), cell("lookup"), cell("adaptive"), f"{r:.2f}" if r else "-",
+                          anchor("llama_server_plain"), anchor("llama_server_draft"), anchor("llama_server_lookup"))
+        out.print(table)
+    return 0

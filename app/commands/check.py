@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+import argparse
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from rich.table import Table
 
+from app.commands.common import (
+    catalog_from_args,
+    local_path,
+    make_fetcher,
+    make_selection,
+    out,  # noqa: E402
+)
 from app.errors import PairError
 from app.gguf.info import ModelInfo, read_model_info
 from app.gguf.pairing import (
@@ -161,3 +170,29 @@ def render_models(r: CheckResult) -> Table:
     for n, (label, val) in enumerate(rows_t):
         table.add_row(label, val, *( [rows_d[n][1]] if rows_d else []))
     return table
+
+
+# -- the command -------------------------------------------------------------------------------
+
+def cmd_check(args: argparse.Namespace) -> int:
+    catalog = catalog_from_args(args)
+    sel = make_selection(args, catalog)
+    fetcher = make_fetcher(offline=True, verify=args.verify)
+    target = local_path(fetcher, sel.target)
+    draft = local_path(fetcher, sel.draft) if sel.draft else None
+    result = check_pair(target, draft, probe=not args.no_probe)
+    if args.json:
+        out.print_json(json.dumps(result_json(result)))
+    else:
+        out.print(render_models(result))
+        for w in result.warnings:
+            out.print(f"[yellow]warning:[/] {w}")
+        if result.draft is None:
+            out.print("[green]target readable[/] (no draft)")
+        elif result.compatible:
+            out.print("[green]compatible:[/] the draft can serve the target (llama.cpp's rules)")
+        else:
+            bad = result.incompatibility
+            assert bad is not None
+            out.print(f"[red]incompatible[/] (rule {bad.rule}): {bad.message}")
+    return 0 if result.compatible else 2

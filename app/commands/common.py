@@ -19,6 +19,7 @@ from app.server.settings import ServeSettings
 from app.settings import given, hub_settings, paths
 
 console = Console(stderr=True, highlight=False)
+out = Console(highlight=False)
 
 
 def catalog_from_args(args: argparse.Namespace) -> Catalog:
@@ -70,15 +71,6 @@ def model_info(fetcher: Fetcher, ref: ModelRef) -> ModelInfo:
     if how != "on disk":
         console.print(f"[dim]{ref.spec.name}: not pulled yet; planned from its {how}[/]", soft_wrap=True)
     return info
-
-
-def doctor_subject(args: argparse.Namespace, settings: ServeSettings, fetcher: Fetcher, key_file: str | None):
-    from app.commands.doctor import Subject
-
-    catalog = catalog_from_args(args)
-    config = Path(args.config) if args.config else paths().config_dir / "config.toml"
-    return Subject(make_selection(args, catalog), fetcher, settings.host, settings.port, bool(settings.api_key),
-                   Path(key_file) if key_file else None, config, bool(args.config), plan_request(args))
 
 
 def serve_settings(args: argparse.Namespace, key_file: str | None = None, check: bool = True,

@@ -1,4 +1,5 @@
-"""The live dashboard: `render(snapshot) -> renderable`, and nothing else but its helpers.
+"""The live dashboard: `render(snapshot) -> renderable` and its helpers, the loop that redraws it
+(`watch`), and `specdeck dash`.
 
 A snapshot is the server's /v1/status JSON plus totals read from its /metrics text
 (`build_snapshot`). `specdeck up` builds it in-process from the very functions those routes call;
@@ -9,23 +10,30 @@ the one-line form for a stdout that is not a terminal.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
-from rich.console import RenderableType
+from rich.console import Console, RenderableType
+from rich.live import Live
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from app.commands.common import (
+    out,
+)
 from app.errors import SpecdeckError
 
 GIB = 1024**3
 BARS = "▁▂▃▄▅▆▇█"
 MAX_SLOT_ROWS = 4
+
 
 
 # -- the snapshot -----------------------------------------------------------------------------
@@ -214,3 +222,36 @@ def log_line(snap: dict) -> str:
 
 def api_key_from_env() -> str | None:
     return os.environ.get("SPECDECK_API_KEY") or None
+
+
+def watch(snapshot, out: Console, interval: float, log_interval: float) -> None:
+    """Draw `render(snapshot())` until Ctrl-C; one log line per `log_interval` when not a terminal."""
+    if out.is_terminal:
+        with Live(render(snapshot()), console=out, screen=True, auto_refresh=False) as live:
+            while True:
+                time.sleep(interval)
+                live.update(render(snapshot()), refresh=True)
+    else:
+        while True:
+            print(log_line(snapshot()), flush=True)
+            time.sleep(log_interval)
+
+
+# -- the command -------------------------------------------------------------------------------
+
+def cmd_dash(args: argparse.Namespace) -> int:
+    url = args.url.rstrip("/")
+    if not url.startswith(("http://", "https://")):
+        raise SpecdeckError(f"--url must start with http:// or https:// (got {url})")
+    key = api_key_from_env()
+    fetch_snapshot(url, key)  # a wrong key is one clear line before the screen opens
+    if args.once:
+
+        snap = fetch_snapshot(url, key)
+        out.print(render(snap) if out.is_terminal or not args.log else log_line(snap))
+        return 0
+    try:
+        watch(lambda: fetch_snapshot(url, key), out, args.interval, args.log_interval)
+    except KeyboardInterrupt:
+        pass
+    return 0

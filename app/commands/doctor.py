@@ -10,7 +10,9 @@ from the hub when not pulled yet.
 
 from __future__ import annotations
 
+import argparse
 import errno
+import json
 import os
 import socket
 import stat
@@ -22,14 +24,27 @@ from typing import Literal
 
 from app.build.isa import CpuIsa, build_sets, unsupported
 from app.build.smoke import SmokeResult
+from app.commands.common import (
+    catalog_from_args,
+    make_fetcher,
+    make_selection,
+    out,
+    plan_request,
+    serve_settings,
+)
 from app.errors import SpecdeckError
 from app.gguf.info import ModelInfo
-from app.plan.hardware import Driver, Gpu, Hardware
+from app.models.fetch import Fetcher
+from app.plan.hardware import Driver, Gpu, Hardware, detect
+from app.server.settings import ServeSettings
+from app.settings import paths
 
 Status = Literal["ok", "warn", "fail"]
 MARKS = {"ok": "✓", "warn": "!", "fail": "✗"}
 GiB = 1024**3
 DISK_FACTOR = 1.5  # free disk wanted for models not pulled yet: the files plus room for the partial and staging
+
+
 
 
 @dataclass(frozen=True)
@@ -373,3 +388,32 @@ def run_all(subject: Subject, hw: Hardware) -> list[Check]:
     head = [c for c in machine if c.name in ("gpu", "build", "smoke decode")]
     tail = [c for c in machine if c.name not in ("gpu", "build", "smoke decode")]
     return head + [ram] + [tail[0]] + rest + tail[1:]
+
+
+def doctor_subject(args: argparse.Namespace, settings: ServeSettings, fetcher: Fetcher, key_file: str | None) -> Subject:
+    """What the checks look at, from a command's flags and settings (doctor's and up's)."""
+    catalog = catalog_from_args(args)
+    config = Path(args.config) if args.config else paths().config_dir / "config.toml"
+    return Subject(make_selection(args, catalog), fetcher, settings.host, settings.port, bool(settings.api_key),
+                   Path(key_file) if key_file else None, config, bool(args.config), plan_request(args))
+
+
+# -- the command -------------------------------------------------------------------------------
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+
+    try:
+        settings = serve_settings(args, args.api_key_file, check=False)
+    except SpecdeckError:  # a config file that does not parse has its own check; bad flags still stop here
+        settings = serve_settings(args, args.api_key_file, check=False, use_config=False)
+    subject = doctor_subject(args, settings, make_fetcher(args.offline), args.api_key_file)
+    checks = run_all(subject, detect())
+    bad = failed(checks)
+    if args.json:
+        out.print_json(json.dumps({"ok": not bad, "checks": [c.to_json() for c in checks]}))
+    else:
+        for line in render_lines(checks):
+            out.print(line, soft_wrap=True)
+        warn = sum(c.status == "warn" for c in checks)
+        out.print(f"{len(checks) - len(bad) - warn} ok, {warn} warning(s), {len(bad)} failed")
+    return 1 if bad else 0

@@ -9,14 +9,25 @@ bit-identical numerics to one token at a time, so a near-tie can flip).
 
 from __future__ import annotations
 
+import argparse
 import json
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from app.commands.common import (
+    catalog_from_args,
+    local_path,
+    make_fetcher,
+    make_selection,
+    out,
+)
 from app.engine.engine import Engine, Request, SpecParams
 from app.engine.text import Tokenizer
 from app.errors import SpecdeckError
+from app.gguf.info import read_model_info
+from app.plan.hardware import detect
+from app.plan.planner import PlanRequest, make_plan
 
 GAP_TOLERANCE = 1.0  # logits; llama.cpp's single vs batched numerics differ by up to ~0.8 here
 
@@ -281,3 +292,38 @@ def text_divergence(ctx, tok: Tokenizer, prompt: list[int], a: str, b: str, limi
         done += tok.piece_bytes(t)
         logits = walk.send(t)
     return limit, float("inf")
+
+
+# -- the command -------------------------------------------------------------------------------
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    from app.engine.loader import load
+
+    catalog = catalog_from_args(args)
+    sel = make_selection(args, catalog)
+    if sel.draft is None:
+        raise SpecdeckError("verify needs a draft model (a preset with one, or --draft)")
+    prompts = load_prompts(Path(args.prompts) if args.prompts else None)
+    fetcher = make_fetcher(offline=True)
+    target = read_model_info(local_path(fetcher, sel.target))
+    draft = read_model_info(local_path(fetcher, sel.draft))
+    hw = detect()
+    req = PlanRequest(ctx=args.ctx, ctx_is_user_choice=True, parallel=1, draft_max=args.draft_max)
+    plan = make_plan(target, draft, req, hw, args.ctx)
+    loaded = load(plan, target, draft, hw.cpu_count)
+    report = EquivalenceReport()
+    try:
+        for item in prompts:
+            r = check_equivalence(loaded.engine, loaded.tokenizer, item, args.max_tokens, plan.draft_max)
+            report.results.append(r)
+            if not args.json:
+                mark = "[green]ok[/]" if r.invariant_violations == 0 and r.explained else "[red]FAIL[/]"
+                acc = f"{r.acceptance:.2f}" if r.acceptance is not None else "-"
+                out.print(f"{mark} {r.kind}: {r.explanation}; invariant violations {r.invariant_violations}; "
+                          f"acceptance {acc}, {r.tokens_per_decode or 0:.2f} tokens/decode; "
+                          f"plain {r.plain_tok_s or 0:.1f} tok/s, speculative {r.spec_tok_s or 0:.1f} tok/s", soft_wrap=True)
+    finally:
+        loaded.close()
+    if args.json:
+        out.print_json(json.dumps(report.to_json()))
+    return 0 if report.ok else 1

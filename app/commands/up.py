@@ -20,10 +20,15 @@ from dataclasses import dataclass
 
 from prometheus_client import generate_latest
 from rich.console import Console
-from rich.live import Live
 
 from app.commands.check import check_pair
-from app.commands.dashboard import build_snapshot, loading_snapshot, log_line, render
+from app.commands.common import (
+    console,
+    out,
+    serve_settings,
+)
+from app.commands.dashboard import build_snapshot, loading_snapshot, watch
+from app.commands.serve import server_logging
 from app.engine.loader import Loaded
 from app.errors import PairError, SpecdeckError
 from app.gguf.info import ModelInfo, read_model_info
@@ -34,6 +39,13 @@ from app.plan.view import render_plan
 from app.server.settings import ServeSettings
 
 STEPS = ("detect hardware", "pull and verify", "check the pair", "plan memory", "load models", "warm up", "serve")
+
+
+
+
+# -- models ----------------------------------------------------------------------------------
+
+
 
 
 class Steps:
@@ -69,8 +81,8 @@ class Prepared:
 
 def prepare(args: argparse.Namespace, settings: ServeSettings, steps: Steps, key_file: str | None = None) -> Prepared:
     """Hardware, pull, check, plan: the same functions `pull`, `check` and `plan` run."""
-    from app.commands.common import doctor_subject, make_fetcher, plan_request, pull_one
-    from app.commands.doctor import failed, machine_checks
+    from app.commands.common import make_fetcher, plan_request, pull_one
+    from app.commands.doctor import doctor_subject, failed, machine_checks
 
     with steps.step("detect hardware") as r:
         hw = detect()
@@ -151,19 +163,6 @@ class EventLog(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         self.lines.append(f"{time.strftime('%H:%M:%S')} {record.getMessage()}"[:200])
-
-
-def watch(snapshot, out: Console, interval: float, log_interval: float) -> None:
-    """Draw `render(snapshot())` until Ctrl-C; one log line per `log_interval` when not a terminal."""
-    if out.is_terminal:
-        with Live(render(snapshot()), console=out, screen=True, auto_refresh=False) as live:
-            while True:
-                time.sleep(interval)
-                live.update(render(snapshot()), refresh=True)
-    else:
-        while True:
-            print(log_line(snapshot()), flush=True)
-            time.sleep(log_interval)
 
 
 @contextmanager
@@ -342,3 +341,15 @@ def run(args: argparse.Namespace, settings: ServeSettings, console: Console, out
         return 0
     finally:
         loaded.close()
+
+
+# -- the command -------------------------------------------------------------------------------
+
+def cmd_up(args: argparse.Namespace) -> int:
+    server_logging()
+    return up(args, serve_settings(args, args.api_key_file), console, out, key_file=args.api_key_file)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+
+    return run(args, serve_settings(args), console, out)

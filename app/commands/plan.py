@@ -1,0 +1,42 @@
+"""`specdeck plan`: the memory plan of a preset, from local headers or the hub's."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from app.commands.common import (
+    catalog_from_args,
+    make_fetcher,
+    make_selection,
+    model_info,
+    out,  # noqa: E402
+    plan_request,
+)
+from app.plan.hardware import detect
+from app.plan.planner import make_plan
+from app.plan.view import render_plan
+from app.units import parse_size
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    catalog = catalog_from_args(args)
+    sel = make_selection(args, catalog)
+    fetcher = make_fetcher(args.offline)
+    target = model_info(fetcher, sel.target)
+    draft = model_info(fetcher, sel.draft) if sel.draft else None
+    req = plan_request(
+        args,
+        device=args.device,
+        vram=parse_size(args.vram) if args.vram else None,
+        ram=parse_size(args.ram) if args.ram else None,
+        n_ubatch=args.ubatch,
+        reserve=parse_size(args.reserve) if args.reserve else None,
+        margin=parse_size(args.margin) if args.margin else None,
+    )
+    plan = make_plan(target, draft, req, detect(), sel.context)
+    if args.json:
+        out.print_json(json.dumps(plan.to_json()))
+    else:
+        out.print(render_plan(plan, sel.name))
+    return 0
