@@ -18,6 +18,22 @@ from app.models.fetch import Fetcher  # noqa: E402
 from app.settings import HubSettings, Paths  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def pytest_report_header(config) -> list[str]:
+    """Every run says what llama.cpp build it tests, on which CPU (install.sh's record, the build's own sets)."""
+    try:
+        from app.build.info import build_record, system_info
+        from app.build.isa import build_sets, read_cpu
+
+        cpu, rec = read_cpu(), build_record() or {}
+        skipped = ", ".join(f"{x['rung']} ({x['why']})" for x in rec.get("skipped", [])) or "none"
+        return [f"cpu: {cpu.model} ({cpu.machine}); advertises {' '.join(cpu.sets)}",
+                f"llama.cpp build: {rec.get('rung', 'not recorded by install.sh')} [{rec.get('cmake_args') or 'default flags'}];"
+                f" rungs that died here: {skipped}",
+                f"build uses: {' '.join(build_sets(system_info()))}"]
+    except Exception as e:  # noqa: BLE001 - a header must never stop the run
+        return [f"llama.cpp build: unknown ({type(e).__name__}: {e})"]
 # Real models are fetched once per machine into this cache (not the per-test one).
 REAL_CACHE = Path(os.environ.get("SPECDECK_TEST_CACHE") or Path.home() / ".cache" / "specdeck")
 

@@ -222,3 +222,15 @@ def test_doctor_finds_a_corrupted_record(real_pair, tmp_path):
     report = json.loads(r.stdout)
     models = next(c for c in report["checks"] if c["name"] == "models")
     assert r.returncode == 1 and models["status"] == "fail" and "pull --verify" in models["fix"], models
+
+
+def test_up_stops_at_the_first_failed_check_before_loading(tiny, tmp_path):
+    """`up` runs the doctor's machine checks first: a key file every user can read stops it with that line."""
+    key = tmp_path / "key"
+    key.write_text("sk-1\n")
+    key.chmod(0o644)
+    r = run_cli("up", "--target", str(tiny.target), "--draft", str(tiny.draft), "--port", str(_free_port()),
+                "--api-key-file", str(key))
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "error: key file:" in r.stderr and "readable by every user" in r.stderr and "chmod 600" in r.stderr
+    assert "[2/7]" not in r.stderr and "load models" not in r.stderr and "Traceback" not in r.stderr

@@ -8,5 +8,7 @@
   then a portable AVX2 build; wheels kept in a cache keyed by CPU and build options.
 
 `isa` and `ladder` use only the standard library (they run before specdeck's dependencies are
-installed); `smoke` needs numpy, gguf and llama-cpp-python. Nothing here imports the rest of specdeck.
+installed); `smoke` needs numpy, gguf and llama-cpp-python.
+
+May import: app.llama.backend (only `info`, to read the build's system info). Nothing else of specdeck.
 """

@@ -218,6 +218,7 @@ def main(argv: list[str] | None = None) -> int:
         result = smoke(args.python, gpu)
         if result.ok:
             say(f"llama-cpp-python {LLAMA_VERSION} ({record['rung']}) already installed for this CPU; smoke decode: {result.summary}")
+            say(_isa_line(result.system_info, cpu))
             return 0
         say(f"the installed llama-cpp-python no longer decodes ({result.summary}): installing again")
     elif args.check:
@@ -234,7 +235,17 @@ def main(argv: list[str] | None = None) -> int:
     how = f"after {', '.join(s['rung'] for s in record['skipped'])} died" if record["skipped"] else "first try"
     say(f"llama-cpp-python {LLAMA_VERSION}: the {record['rung']} build decodes here ({how}); "
         f"flags: {record['cmake_args'] or 'default'}; recorded in {record_path}")
+    say(_isa_line(record["system_info"], cpu))
     return 0
+
+
+def _isa_line(system_info: str, cpu: CpuIsa) -> str:
+    from .isa import build_sets
+
+    sets = [x for x in build_sets(system_info) if x not in ("LLAMAFILE", "OPENMP")]
+    left = [x for x in cpu.sets if x not in sets and x.startswith(("AMX", "AVX"))]
+    return (f"build uses {' '.join(sets) or 'no vector extensions'}; {cpu.model} advertises {' '.join(cpu.sets)}"
+            + (f"; not used: {' '.join(left)}" if left else ""))
 
 
 if __name__ == "__main__":
