@@ -5,14 +5,13 @@ import json
 import pytest
 from conftest import run_cli
 
+from app.engine.calibration import calibrate, calibration_sizes
 from app.engine.controller import (
     UNPROVEN_K_MAX,
     Acceptance,
     Candidate,
     Controller,
     CostModel,
-    calibrate,
-    calibration_sizes,
     expected_tokens,
 )
 from app.engine.drafter import AdaptiveDrafter, LookupDrafter, lookup_key

@@ -28,7 +28,8 @@ from app.commands.common import (
     out,
 )
 from app.commands.equivalence import prompt_tokens
-from app.engine.controller import Controller, calibrate
+from app.engine.calibration import calibrate
+from app.engine.controller import Controller
 from app.engine.engine import Engine, Request, SpecParams
 from app.engine.loader import DRAFTER_KINDS, Loaded, build_drafter
 from app.gguf.info import read_model_info

@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from app.engine.controller import Controller, calibrate
+from app.engine.calibration import calibrate
+from app.engine.controller import Controller
 from app.engine.drafter import AdaptiveDrafter, Drafter, LookupDrafter, ModelDrafter
 from app.engine.engine import Engine
 from app.engine.text import Tokenizer
