@@ -25,7 +25,9 @@ sys.path.insert(0, str(ROOT / "tests"))
 from support.tinymodels import write_tiny_model  # noqa: E402
 
 from app.engine.controller import Controller, CostModel  # noqa: E402
-from app.engine.drafter import AdaptiveDrafter, LookupDrafter, ModelDrafter  # noqa: E402
+from app.engine.drafters.adaptive import AdaptiveDrafter  # noqa: E402
+from app.engine.drafters.lookup import LookupDrafter  # noqa: E402
+from app.engine.drafters.model import ModelDrafter  # noqa: E402
 from app.engine.engine import Engine, Request, SpecParams  # noqa: E402
 from app.llama.context import Context, Model  # noqa: E402
 from app.llama.params import ModelParams  # noqa: E402

@@ -11,7 +11,8 @@ from support.tinymodels import write_tiny_model
 from app.engine import engine as engine_mod
 from app.engine import kv
 from app.engine.accept import Accepted
-from app.engine.drafter import ListDrafter, ModelDrafter
+from app.engine.drafters.fixed import ListDrafter
+from app.engine.drafters.model import ModelDrafter
 from app.engine.engine import ContextOverflow, Engine, Request, SpecParams
 from app.engine.sampling import SamplingParams
 from app.llama.context import Context, Model

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from app.engine import kv
-from app.engine.drafter import ModelDrafter
+from app.engine.drafters.model import ModelDrafter
 from app.engine.engine import Engine, Request, SpecParams
 from app.llama.context import Context, Model
 from app.llama.params import ModelParams

@@ -5,7 +5,8 @@ import re
 
 import pytest
 
-from app.engine.drafter import Draft, ListDrafter
+from app.engine.drafters.base import Draft
+from app.engine.drafters.fixed import ListDrafter
 from app.engine.engine import Engine, Request, SpecParams
 from app.engine.sampling import SamplingParams, TokenSampler, grammar_sampler
 from app.engine.text import Tokenizer

@@ -14,7 +14,8 @@ from app.engine.controller import (
     CostModel,
     expected_tokens,
 )
-from app.engine.drafter import AdaptiveDrafter, LookupDrafter, lookup_key
+from app.engine.drafters.adaptive import AdaptiveDrafter
+from app.engine.drafters.lookup import LookupDrafter, lookup_key
 from app.engine.engine import Engine, Request, SpecParams
 from app.llama.context import Context, Model
 from app.llama.params import ModelParams

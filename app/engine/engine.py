@@ -27,7 +27,7 @@ from app.engine.accept import (
     accept_greedy,
     draw,
 )
-from app.engine.drafter import Ask, Draft, Drafter
+from app.engine.drafters.base import Ask, Draft, Drafter
 from app.engine.records import RequestRecord, StepRecord
 from app.engine.sampling import SamplingParams, TokenSampler
 from app.errors import SpecdeckError

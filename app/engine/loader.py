@@ -7,7 +7,10 @@ from pathlib import Path
 
 from app.engine.calibration import calibrate
 from app.engine.controller import Controller
-from app.engine.drafter import AdaptiveDrafter, Drafter, LookupDrafter, ModelDrafter
+from app.engine.drafters.adaptive import AdaptiveDrafter
+from app.engine.drafters.base import Drafter
+from app.engine.drafters.lookup import LookupDrafter
+from app.engine.drafters.model import ModelDrafter
 from app.engine.engine import Engine
 from app.engine.text import Tokenizer
 from app.gguf.info import ModelInfo

@@ -1,0 +1,99 @@
+"""The drafter interface: `Draft`, `Ask`, the `Drafter` protocol every drafter meets, `DrafterBase`'s defaults."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from app.engine.controller import Choice
+from app.engine.sampling import SamplingParams
+
+
+@dataclass
+class Draft:
+    tokens: list[int]
+    q: list[np.ndarray] | None = None  # the distributions the tokens were drawn from (rejection sampling)
+    source: str = ""  # which drafter proposed them
+    match_len: int = 0  # prompt lookup: the n-gram length that matched
+    choice: Choice | None = None  # the controller's decision, when one decided
+    seconds: float | None = None  # the time proposing it took, when it was proposed alone
+
+
+@dataclass
+class Ask:
+    """One sequence's request for a draft in a step (see Drafter.propose)."""
+
+    seq: int
+    history: Sequence[int]
+    k: int
+    sampling: SamplingParams | None = None
+    rng: np.random.Generator | None = None
+
+
+class Drafter(Protocol):
+    """Everything the engine calls on a drafter. `DrafterBase` gives the optional parts defaults."""
+
+    name: str
+
+    def begin_request(self, seq: int) -> None:
+        """A new request starts on this sequence (drafters that keep estimates per request reset them)."""
+        ...
+
+    def propose(self, seq: int, history: Sequence[int], k: int, sampling: SamplingParams | None,
+                rng: np.random.Generator | None) -> Draft:
+        """Up to k tokens that may follow `history`. `sampling` is given for rejection sampling:
+        then tokens are drawn from the drafter's own distribution, returned in `q`."""
+        ...
+
+    def propose_all(self, asks: Sequence[Ask]) -> list[Draft]:
+        """One step's drafts for every sequence, in the order asked (they share one verify decode, so
+        a drafter may choose their lengths together)."""
+        ...
+
+    def accepted(self, seq: int, draft: Draft, n_accepted: int) -> None:
+        """Told after verification how many of the draft's tokens the target kept."""
+        ...
+
+    def share_prefix(self, src: int, dst: int, prefix: Sequence[int]) -> None:
+        """Sequence `dst` now starts with `src`'s first len(prefix) cached tokens."""
+        ...
+
+    def release(self, seq: int) -> None:
+        """Forget a sequence (its slot is free)."""
+        ...
+
+
+class DrafterBase:
+    """Defaults for the optional parts of `Drafter`: nothing to reset or share, and each sequence's
+    draft proposed on its own (and timed on its own)."""
+
+    name = "drafter"
+
+    def begin_request(self, seq: int) -> None:
+        pass
+
+    def propose(self, seq: int, history: Sequence[int], k: int, sampling: SamplingParams | None = None,
+                rng: np.random.Generator | None = None) -> Draft:
+        raise NotImplementedError
+
+    def propose_all(self, asks: Sequence[Ask]) -> list[Draft]:
+        out = []
+        for a in asks:
+            t = time.perf_counter()
+            d = self.propose(a.seq, a.history, a.k, a.sampling, a.rng) if a.k > 0 else Draft([])
+            d.seconds = time.perf_counter() - t
+            out.append(d)
+        return out
+
+    def accepted(self, seq: int, draft: Draft, n_accepted: int) -> None:
+        pass
+
+    def share_prefix(self, src: int, dst: int, prefix: Sequence[int]) -> None:
+        pass
+
+    def release(self, seq: int) -> None:
+        pass

@@ -1,0 +1,109 @@
+"""A small GGUF model with its own context as the drafter."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from app.engine import kv
+from app.engine.accept import draw
+from app.engine.drafters.base import Draft, DrafterBase
+from app.engine.sampling import SamplingParams, TokenSampler
+from app.llama.context import Context, DecodeError
+
+
+def top_probability(logits: np.ndarray, top: float | None = None) -> float:
+    """Softmax probability of the argmax: one float32 exp over the vocabulary, no normalised copy."""
+    m = float(logits.max()) if top is None else top
+    return 1.0 / float(np.exp(logits - np.float32(m)).sum(dtype=np.float64))
+
+
+class ModelDrafter(DrafterBase):
+    """A small GGUF model with its own context; its cache follows each sequence's history."""
+
+    name = "draft-model"
+
+    def __init__(self, ctx: Context, p_min: float = 0.0, n_min: int = 0) -> None:
+        self.ctx = ctx
+        self.p_min = p_min
+        self.n_min = n_min
+        self.window = ctx.model.swa_window
+        self.cached: dict[int, list[int]] = {}
+        self._samplers: dict[int, tuple[SamplingParams, TokenSampler]] = {}
+
+    def _sampler(self, seq: int, sampling: SamplingParams) -> TokenSampler:
+        have = self._samplers.get(seq)
+        if have is None or have[0] != sampling:
+            # the draft's q leaves out penalties and grammar (their state follows the target's history;
+            # a draft token the grammar forbids has p = 0 and is rejected)
+            have = (sampling, TokenSampler(sampling.model_copy(update={"repeat_penalty": 1.0, "frequency_penalty": 0.0,
+                                                                       "presence_penalty": 0.0, "grammar": None}),
+                                           self.ctx.model.n_vocab))
+            self._samplers[seq] = have
+        return have[1]
+
+    def propose(self, seq: int, history: Sequence[int], k: int, sampling: SamplingParams | None = None,
+                rng: np.random.Generator | None = None) -> Draft:
+        draft = Draft([], [] if sampling is not None else None, source=self.name)
+        if k <= 0:
+            return draft
+        cached = self.cached.setdefault(seq, [])
+        n = kv.sync(self.ctx, seq, cached, history, self.window, need_logits=True)
+        try:
+            idx = kv.evaluate(self.ctx, seq, history, n, logits_last=True)
+        except DecodeError:  # the draft's pool is full: no draft this step (the target goes on alone)
+            self._resync(seq, history)
+            return draft
+        cached.extend(history[len(cached):])  # sync left cached == history[:n]; the rest is now evaluated
+        sampler = self._sampler(seq, sampling) if sampling is not None else None
+        pos = len(history)
+        for j in range(k):
+            logits = self.ctx.logits(idx)
+            if sampler is None:
+                token = int(np.argmax(logits))
+                if self.p_min > 0:  # the top probability costs an exp over the vocabulary: only when used
+                    if j >= self.n_min and top_probability(logits, float(logits[token])) < self.p_min:
+                        break
+            else:
+                q = sampler.probs(logits)
+                token = draw(q, rng)
+                draft.q.append(q)
+            draft.tokens.append(token)
+            if j == k - 1:
+                break
+            b = self.ctx.batch
+            b.clear()
+            idx = b.add(token, pos, seq, True)
+            try:
+                self.ctx.decode(b)
+            except DecodeError:
+                self._resync(seq, history)
+                break
+            cached.append(token)
+            pos += 1
+        return draft
+
+    def share_prefix(self, src: int, dst: int, prefix: Sequence[int]) -> None:
+        """`dst` starts from what `src`'s cache holds of `prefix` (shared cells, nothing copied)."""
+        if not self.ctx.shares_cells:
+            return
+        n = kv.common_prefix(self.cached.get(src, []), prefix)
+        if n == 0:
+            return
+        self.ctx.seq_rm(dst, 0, -1)
+        self.ctx.seq_cp(src, dst, 0, n)
+        self.cached[dst] = list(prefix[:n])
+
+    def _resync(self, seq: int, history: Sequence[int]) -> None:
+        """After a refused decode: keep only what the cache surely holds."""
+        n = kv.truncate(self.ctx, seq, min(self.ctx.pos_max(seq) + 1, len(history)), self.window)
+        self.cached[seq] = list(history[:n])
+
+    def accepted(self, seq: int, draft: Draft, n_accepted: int) -> None:
+        pass  # the next propose() brings the cache in step with the new history
+
+    def release(self, seq: int) -> None:
+        self.cached.pop(seq, None)
+        self._samplers.pop(seq, None)
+        self.ctx.seq_rm(seq, 0, -1)
