@@ -6,14 +6,17 @@
 #
 #   bash scripts/build_cuda.sh [--arch "86;89"] [--out DIR] [--jobs N]
 #
-# Default: sm_86 and sm_89 (RTX 3090 / 4090), out .cache/cuda-build. The CPU part is the portable
-# AVX2 build (the card's host is not this machine); without a driver here, GGML_CUDA_NO_VMM=ON
-# (the VMM pool needs libcuda at link time). On a machine with the GPU, install.sh builds for the
-# card it finds instead, and its smoke decode runs on the GPU.
+# Default: sm_86 and sm_89 (RTX 3090 / 4090), out ~/.cache/specdeck/cuda-build (outside the work
+# tree, so it survives a fresh checkout). The CPU part is the portable AVX2 build (the card's host
+# is not this machine); without a driver here, GGML_CUDA_NO_VMM=ON (the VMM pool needs libcuda at
+# link time). The sdist is unpacked once and CMake's build folder is kept (scikit-build-core's
+# build-dir), so a run that is stopped resumes where it was: the two architectures take about two
+# hours on two cores. On a machine with the GPU, install.sh builds for the card it finds instead,
+# and its smoke decode runs on the GPU.
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 ARCH="86;89"
-OUT="$HERE/.cache/cuda-build"
+OUT="${XDG_CACHE_HOME:-$HOME/.cache}/specdeck/cuda-build"
 JOBS="$(nproc)"
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -32,7 +35,13 @@ mkdir -p "$OUT"
 VPY="$OUT/venv/bin/python"
 echo "==> CUDA toolkit from PyPI: $CUDA_PYPI_PINS"
 "$VPY" -m pip install --quiet --upgrade pip
-"$VPY" -m pip install --quiet $CUDA_PYPI_PINS "nvidia-cuda-cuobjdump==13.4.92.*"
+"$VPY" -m pip install --quiet $CUDA_PYPI_PINS "nvidia-cuda-cuobjdump==13.4.92.*" "scikit-build-core==1.1.2"
+SRC="$OUT/src/llama_cpp_python-$LLAMA_VERSION"
+if [ ! -f "$SRC/pyproject.toml" ]; then
+  mkdir -p "$OUT/src"
+  "$VPY" -m pip download --quiet --no-deps --no-binary :all: -d "$OUT/src" "llama-cpp-python==$LLAMA_VERSION"
+  tar -xzf "$OUT/src/llama_cpp_python-$LLAMA_VERSION.tar.gz" -C "$OUT/src"
+fi
 NVCC="$(bash "$HERE/scripts/cuda_toolkit_root.sh" "$VPY")"
 ROOT="$(dirname "$(dirname "$NVCC")")"
 echo "==> $("$NVCC" --version | tail -n 1)"
@@ -40,10 +49,13 @@ NO_VMM="-DGGML_CUDA_NO_VMM=OFF"
 [ -e "$ROOT/lib/stubs/libcuda.so" ] || NO_VMM="-DGGML_CUDA_NO_VMM=ON"
 export CUDACXX="$NVCC" CUDA_HOME="$ROOT" CUDAToolkit_ROOT="$ROOT" CMAKE_BUILD_PARALLEL_LEVEL="$JOBS"
 export CMAKE_ARGS="-DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=$ARCH $NO_VMM -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON -DGGML_AVX512=OFF"
-echo "==> compiling llama-cpp-python $LLAMA_VERSION: CMAKE_ARGS=$CMAKE_ARGS (log: $OUT/build.log)"
+done_before=0
+[ -f "$OUT/build/.ninja_log" ] && done_before=$(( $(wc -l < "$OUT/build/.ninja_log") - 1 ))
+echo "==> compiling llama-cpp-python $LLAMA_VERSION: CMAKE_ARGS=$CMAKE_ARGS (log: $OUT/build.log; $done_before steps done before)"
 rm -rf "$OUT/wheel"
 start=$(date +%s)
-FORCE_CMAKE=1 "$VPY" -m pip wheel --no-deps --no-cache-dir -w "$OUT/wheel" "llama-cpp-python==$LLAMA_VERSION" > "$OUT/build.log" 2>&1 \
+FORCE_CMAKE=1 "$VPY" -m pip wheel --no-deps --no-cache-dir --no-build-isolation -C build-dir="$OUT/build" \
+  -w "$OUT/wheel" "$SRC" >> "$OUT/build.log" 2>&1 \
   || { tail -n 30 "$OUT/build.log"; echo "build_cuda.sh: the build failed (log: $OUT/build.log)" >&2; exit 1; }
 secs=$(( $(date +%s) - start ))
 WHL="$(ls "$OUT"/wheel/llama_cpp_python-*.whl)"
