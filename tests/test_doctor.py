@@ -209,7 +209,7 @@ def test_whole_doctor_on_this_machine_exits_0(real_pair):
 def test_doctor_finds_a_corrupted_record(real_pair, tmp_path):
     """A verification record that no longer matches its file is a failure naming `pull --verify`."""
     home = tmp_path / "specdeck"
-    shutil.copytree(REAL_CACHE, home, symlinks=True, ignore=shutil.ignore_patterns("staging", "headers", "wheels", "*.bin"),
+    shutil.copytree(REAL_CACHE, home, symlinks=True, ignore=shutil.ignore_patterns("staging", "headers", "wheels", "cuda-build", "logs", "*.bin"),
                     copy_function=os.link)
     data = json.loads((home / "verified.json").read_text())
     for entry in data.values():
