@@ -35,6 +35,10 @@ def test_gpu_with_a_cpu_build_is_a_failure_that_names_the_fix():
     assert "560.35.03" in c.summary and "41 °C" in c.summary and "450 W" in c.summary
     ok = D.check_gpu((RTX,), Driver("560.35.03", "12.6"), gpu_build=True)
     assert ok.status == "ok" and "23.0 GiB free of 24.0 GiB" in ok.summary and "CUDA 12.6" in ok.summary
+    cuda13 = {"context": {"nvcc": "Build cuda_13.4.r13.4/compiler.38855100_0"}}
+    old = D.check_gpu((RTX,), Driver("560.35.03", "12.6"), gpu_build=True, record=cuda13)
+    assert old.status == "fail" and "CUDA 13" in old.summary and "driver" in old.fix
+    assert D.check_gpu((RTX,), Driver("580.65.06", "13.0"), gpu_build=True, record=cuda13).status == "ok"
     assert D.check_gpu((), None, gpu_build=False).status == "ok"
     assert D.check_gpu((), None, gpu_build=True).status == "warn"
 

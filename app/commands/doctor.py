@@ -65,8 +65,17 @@ def _gib(n: float) -> str:
 
 # -- GPU, driver and the build -----------------------------------------------------------------
 
-def check_gpu(gpus: tuple[Gpu, ...], driver: Driver | None, gpu_build: bool) -> Check:
-    """The NVIDIA driver and CUDA runtime against the llama.cpp build; every GPU's memory, heat and power."""
+def _toolkit_major(record: dict | None) -> int | None:
+    """The CUDA major version the build was compiled with, from install.sh's record ("... cuda_13.4.r13.4 ...")."""
+    import re
+
+    m = re.search(r"cuda_(\d+)\.\d+", str((record or {}).get("context", {}).get("nvcc", "")))
+    return int(m.group(1)) if m else None
+
+
+def check_gpu(gpus: tuple[Gpu, ...], driver: Driver | None, gpu_build: bool, record: dict | None = None) -> Check:
+    """The NVIDIA driver and CUDA runtime against the llama.cpp build; every GPU's memory, heat and power.
+    A build compiled with a newer CUDA major than the driver supports cannot run on it."""
     cards = [f"GPU {g.index} {g.name}: {_gib(g.free)} free of {_gib(g.total)}"
              + (f", {g.temperature_c} °C" if g.temperature_c is not None else "")
              + (f", power limit {g.power_limit_w:.0f} W" if g.power_limit_w is not None else "") for g in gpus]
@@ -77,6 +86,11 @@ def check_gpu(gpus: tuple[Gpu, ...], driver: Driver | None, gpu_build: bool) -> 
         return Check("gpu", "fail", f"{drv}{'; '.join(cards)}; but llama-cpp-python is a CPU build: the GPU would sit idle",
                      "rebuild for the GPU: bash install.sh --cuda --rebuild (it takes the CUDA toolkit from PyPI if nvcc is missing)",
                      data)
+    built, supports = _toolkit_major(record), driver.cuda if driver else None
+    if gpus and built and supports and int(supports.split(".")[0]) < built:
+        return Check("gpu", "fail", f"{drv}the build was compiled with CUDA {built}, newer than this driver supports",
+                     f"update the NVIDIA driver to one for CUDA {built} (R580+ for 13), or install a CUDA "
+                     f"{supports.split('.')[0]} toolkit and run bash install.sh --cuda --rebuild", data)
     if gpus:
         return Check("gpu", "ok", f"{drv}CUDA build; " + "; ".join(cards), data=data)
     if gpu_build:
@@ -320,7 +334,8 @@ def machine_checks(subject: Subject, hw: Hardware, port: bool = True, smoke: boo
     from app.plan.hardware import read_driver
 
     f = subject.fetcher
-    checks = [check_gpu(hw.gpus, read_driver(), gpu_offload()), check_build(build_record(), system_info(), read_cpu())]
+    record = build_record()
+    checks = [check_gpu(hw.gpus, read_driver(), gpu_offload(), record), check_build(record, system_info(), read_cpu())]
     if smoke:
         checks.append(check_smoke(run_smoke(sys.executable, gpu=bool(hw.gpus))))
     states = model_states(subject)
