@@ -36,12 +36,15 @@ from app.errors import SpecdeckError
 from app.gguf.info import ModelInfo
 from app.models.fetch import Fetcher
 from app.plan.hardware import Driver, Gpu, Hardware, detect
+from app.plan.planner import Plan
 from app.server.settings import ServeSettings
 from app.settings import paths
 
 Status = Literal["ok", "warn", "fail"]
 MARKS = {"ok": "✓", "warn": "!", "fail": "✗"}
 GiB = 1024**3
+ORDER = ("gpu", "build", "smoke decode", "ram", "disk", "models", "pair", "plan", "port", "exposure", "key file",
+         "config", "directories")
 DISK_FACTOR = 1.5  # free disk wanted for models not pulled yet: the files plus room for the partial and staging
 
 
@@ -201,7 +204,7 @@ def check_pair(target: ModelInfo, draft: ModelInfo | None) -> Check:
     return Check("pair", "ok", "the draft can serve the target (llama.cpp's rules, from the headers)")
 
 
-def check_plan(make: Callable[[], object], wanted: int | None) -> Check:
+def check_plan(make: Callable[[], Plan], wanted: int | None) -> Check:
     """The plan on the memory free now; when the wanted context does not fit, the largest that does."""
     from app.plan.planner import PlanError
 
@@ -209,12 +212,10 @@ def check_plan(make: Callable[[], object], wanted: int | None) -> Check:
         plan = make()
     except PlanError as e:
         return Check("plan", "fail", e.message, e.hint or "free GPU memory, or pick a smaller preset")
-    used = getattr(plan, "used")
-    budget = getattr(plan, "budget")
-    ctx = getattr(plan, "ctx")
-    data = {"ctx": ctx, "ctx_wanted": wanted, "used": used, "budget": budget, "device": getattr(plan, "device"),
-            "parallel": getattr(plan, "parallel")}
-    line = f"{getattr(plan, 'device')}: context {ctx:,}, {getattr(plan, 'parallel')} slot(s), {_gib(used)} of {_gib(budget)}"
+    ctx = plan.ctx
+    data = {"ctx": ctx, "ctx_wanted": wanted, "used": plan.used, "budget": plan.budget, "device": plan.device,
+            "parallel": plan.parallel}
+    line = f"{plan.device}: context {ctx:,}, {plan.parallel} slot(s), {_gib(plan.used)} of {_gib(plan.budget)}"
     if wanted and ctx < wanted:
         return Check("plan", "warn", f"the preset's {wanted:,} tokens do not fit the memory free now; {line} is the largest that does",
                      "free memory (other programs on the GPU), or accept the smaller context", data)
@@ -381,28 +382,17 @@ def model_checks(subject: Subject, hw: Hardware) -> list[Check]:
             else:
                 raise SpecdeckError(f"{m.name}: no such file")
     except SpecdeckError as e:
-        checks.append(Check("plan", "warn", f"cannot read the headers to plan: {e.message}", e.hint))
-        return checks
+        return checks + [Check("plan", "warn", f"cannot read the headers to plan: {e.message}", e.hint), check_ram(hw, None)]
     checks.append(check_pair(infos["target"], infos.get("draft")))
-    checks.append(check_plan(lambda: make_plan(infos["target"], infos.get("draft"), subject.plan_request, hw, sel.context),
-                             subject.plan_request.ctx or sel.context))
-    plan = checks[-1].data
-    if plan:
-        need = plan["used"] if plan["device"] == "cpu" else None
-        checks.insert(0, check_ram(hw, need))
-    else:
-        checks.insert(0, check_ram(hw, None))
-    return checks
+    plan = check_plan(lambda: make_plan(infos["target"], infos.get("draft"), subject.plan_request, hw, sel.context),
+                      subject.plan_request.ctx or sel.context)
+    return checks + [plan, check_ram(hw, plan.data["used"] if plan.data.get("device") == "cpu" else None)]
 
 
 def run_all(subject: Subject, hw: Hardware) -> list[Check]:
     """The whole list, in the order a person reads it: the build, the machine, the models, the service."""
-    machine = machine_checks(subject, hw)
-    models = model_checks(subject, hw)
-    ram, rest = models[0], models[1:]
-    head = [c for c in machine if c.name in ("gpu", "build", "smoke decode")]
-    tail = [c for c in machine if c.name not in ("gpu", "build", "smoke decode")]
-    return head + [ram] + [tail[0]] + rest + tail[1:]
+    checks = machine_checks(subject, hw) + model_checks(subject, hw)
+    return sorted(checks, key=lambda c: ORDER.index(c.name) if c.name in ORDER else len(ORDER))
 
 
 def doctor_subject(args: argparse.Namespace, settings: ServeSettings, fetcher: Fetcher, key_file: str | None) -> Subject:
