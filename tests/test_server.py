@@ -41,10 +41,13 @@ def test_tiny_chat_completion_stream_and_errors(tiny_server):
     assert chunks[-1].usage.completion_tokens == 12
     raw = httpx.post(tiny_server.url + "/v1/completions", json={"prompt": "a", "max_tokens": "many"})
     assert raw.status_code == 400 and raw.json()["error"]["param"] == "max_tokens"
-    raw = httpx.post(tiny_server.url + "/v1/completions", json={"prompt": "a", "model": "gpt-9"})
-    assert raw.status_code == 404 and raw.json()["error"]["type"] == "not_found_error"
+    raw = httpx.post(tiny_server.url + "/v1/completions", json={"prompt": "a", "model": "gpt-9", "max_tokens": 2})
+    assert raw.status_code == 200 and raw.json()["model"] == "tiny"  # another name is served by this model, as llama-server
     raw = httpx.post(tiny_server.url + "/v1/completions", json={"prompt": "a " * 3000, "max_tokens": 2})
-    assert raw.status_code == 400 and "context is 1,024 tokens" in raw.json()["error"]["message"]
+    err = raw.json()["error"]
+    assert raw.status_code == 400 and "context is 1,024 tokens" in err["message"]
+    assert (err["type"], err["code"], err["n_ctx"]) == ("exceed_context_size_error", "context_length_exceeded", 1024)
+    assert err["n_prompt_tokens"] > 1024
     raw = httpx.post(tiny_server.url + "/v1/completions", json={"prompt": "a", "max_tokens": 3, "n": 2})
     assert raw.status_code == 400
     raw = httpx.post(tiny_server.url + "/v1/completions", json={"prompt": "a", "max_tokens": 3, "frobnicate": 1})
@@ -174,7 +177,7 @@ def test_schema_fuzz_no_server_errors(tiny_server):
                 case.body["n_predict"] = 2
             r = case.call(base_url=tiny_server.url, timeout=30)
             tried.append(r.status_code)
-            if r.status_code >= 500:
+            if r.status_code >= 500 and (case.path, r.status_code) != ("/slots", 501):  # off unless --slots
                 failures.append((case.path, case.body, r.status_code, r.text[:200]))
 
         check()

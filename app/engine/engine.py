@@ -28,6 +28,7 @@ from app.engine.accept import (
     draw,
 )
 from app.engine.drafters.base import Ask, Draft, Drafter
+from app.engine.logprobs import MAX_TOP, token_logprob
 from app.engine.records import RequestRecord, StepRecord
 from app.engine.sampling import SamplingParams, TokenSampler
 from app.errors import SpecdeckError
@@ -54,11 +55,12 @@ class SpecParams(BaseModel):
 
 class Request(BaseModel):
     prompt: list[int]
-    max_tokens: int = Field(256, ge=1)
+    max_tokens: int = Field(256, ge=0)  # 0: evaluate and cache the prompt, generate nothing
     sampling: SamplingParams = SamplingParams()
     speculative: SpecParams = SpecParams()
     stop_tokens: set[int] = set()
     trace: bool = False  # record the target's argmax and top-2 gap at each emitted token
+    logprobs: int | None = Field(None, ge=0, le=MAX_TOP)  # record log-probabilities (and this many alternatives)
 
 
 @dataclass
@@ -133,6 +135,11 @@ class Engine:
             slot.sampler.close()
         slot.sampler = TokenSampler(req.sampling, self.n_vocab, self.target.model.vocab)
         slot.rng = np.random.default_rng(req.sampling.seed)
+        slot.tokens = list(req.prompt)
+        if req.max_tokens == 0:  # only the prompt: its cache stays for the request that follows
+            slot.record.t_prompt = slot.record.ttft = time.perf_counter() - t0
+            return StepRecord(slot=slot.id, tokens=[], drafted=0, accepted=0, k=0, drafter="none", t_draft=0.0,
+                              t_verify=slot.record.t_prompt, t_sample=0.0, finish_reason="length")
         first = self._first_token(slot, idx)
         trace = _top2(self.target.logits(idx)) if req.trace else None
         slot.tokens = list(req.prompt) + [first]
@@ -142,6 +149,9 @@ class Engine:
         rec = StepRecord(slot=slot.id, tokens=[first], drafted=0, accepted=0, k=0, drafter="none", t_draft=0.0,
                          t_verify=slot.record.t_prompt, t_sample=0.0, target_argmax=[trace[0]] if trace else None,
                          top2_gap=[trace[1]] if trace else None)
+        if req.logprobs is not None:
+            rec.logprobs = [token_logprob(self.target.logits(idx), first, req.logprobs)]
+            slot.record.logprobs += rec.logprobs
         if first in req.stop_tokens:
             rec.finish_reason = "stop"
         elif req.max_tokens <= 1:
@@ -290,6 +300,9 @@ class Engine:
                          target_argmax=argmax, top2_gap=gaps)
         if d.choice is not None:
             rec.alpha_est, rec.expected_gain, rec.reason = d.choice.alpha, d.choice.gain, d.choice.reason
+        if s.request.logprobs is not None:  # token i was chosen from row i of the verify decode
+            rec.logprobs = [token_logprob(self.target.logits(rows[i]), tok, s.request.logprobs)
+                            for i, tok in enumerate(acc.tokens)]
         self._emit(s, rec)
         return rec
 
@@ -360,6 +373,8 @@ class Engine:
         rec.tokens = kept
         if rec.target_argmax is not None:
             rec.target_argmax, rec.top2_gap = rec.target_argmax[: len(kept)], rec.top2_gap[: len(kept)]
+        if rec.logprobs is not None:
+            rec.logprobs = rec.logprobs[: len(kept)]
         s.tokens += kept
         if rec.finish_reason is None and len(s.tokens) >= self.target.n_ctx:
             rec.finish_reason = "context"

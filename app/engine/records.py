@@ -20,6 +20,7 @@ class StepRecord:
     target_argmax: list[int] | None = None
     top2_gap: list[float] | None = None
     finish_reason: str | None = None
+    logprobs: list | None = None  # TokenLogprob per emitted token, when the request asks for them
     # the controller's reasons, when one chose k
     alpha_est: float | None = None
     expected_gain: float | None = None
@@ -41,9 +42,12 @@ class RequestRecord:
     t_sample: float = 0.0
     ttft: float = 0.0
     finish_reason: str | None = None
+    logprobs: list = field(default_factory=list)  # TokenLogprob per completion token, when asked
 
     def add(self, step: StepRecord) -> None:
         self.completion += step.tokens
+        if step.logprobs:
+            self.logprobs += step.logprobs
         self.drafted += step.drafted
         self.accepted += step.accepted
         self.target_decodes += 1

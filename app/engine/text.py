@@ -50,17 +50,23 @@ class Tokenizer:
     def decode(self, tokens: list[int]) -> str:
         return b"".join(self.piece_bytes(t) for t in tokens).decode("utf-8", errors="replace")
 
-    def render_chat(self, messages: list[dict], tools: list[dict] | None = None) -> str:
+    def render_chat(self, messages: list[dict], tools: list[dict] | None = None, thinking: bool | None = None) -> str:
+        """`thinking` switches a template's thinking mode (its `enable_thinking` variable), where it has one."""
         if self._formatter is None:
             raise SpecdeckError("this model has no chat template: send a plain prompt instead of messages")
-        return self._formatter(messages=messages, tools=tools or None).prompt
+        extra = {"enable_thinking": thinking} if thinking is not None and self.has_thinking_mode else {}
+        return self._formatter(messages=messages, tools=tools or None, **extra).prompt
+
+    @property
+    def has_thinking_mode(self) -> bool:
+        return bool(self.chat_template) and "enable_thinking" in self.chat_template
 
     @property
     def supports_tools(self) -> bool:
         """Does the chat template render tool definitions? (It must read the `tools` variable.)"""
         return bool(self.chat_template) and re.search(r"\btools\b", self.chat_template) is not None
 
-    def chat_tokens(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
-        text = self.render_chat(messages, tools)
+    def chat_tokens(self, messages: list[dict], tools: list[dict] | None = None, thinking: bool | None = None) -> list[int]:
+        text = self.render_chat(messages, tools, thinking)
         has_bos = self.add_bos and text.startswith(self.piece(self.bos))
         return self.encode(text, add_special=self.add_bos and not has_bos)

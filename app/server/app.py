@@ -18,23 +18,37 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app import __version__
+from app.server.anthropic import add_anthropic_routes
 from app.server.core import (
-    ApiError,
     Service,
-    error_body,
     finished,
     refresh_gauges,
     require_ready,
     status_json,
 )
+from app.server.errors import ApiError, error_response, validation_error
 from app.server.limits import BodyLimit
+from app.server.llamacpp import add_llamacpp_routes, add_unprefixed_routes
 from app.server.metrics import Metrics
 from app.server.ollama import add_ollama_routes
 from app.server.openai import add_openai_routes
+from app.server.responses import add_responses_routes
 from app.server.settings import ServeSettings
 
 log = logging.getLogger("specdeck.server")
 
+
+
+LOCAL_ORIGINS = r"^https?://(localhost|127\.0\.0\.1|\[::1\])(:\d+)?$"
+
+
+def cors_options(origins: list[str]) -> dict:
+    """CORS for the origins given; the keyword `localhost` allows any local origin (any port)."""
+    exact = [o for o in origins if o != "localhost"]
+    return {"allow_origins": exact, "allow_origin_regex": LOCAL_ORIGINS if "localhost" in origins else None,
+            "allow_methods": ["GET", "POST", "OPTIONS"],
+            "allow_headers": ["*"],  # a preflight gets back the headers it asked for (SDKs send many)
+            "max_age": 600}
 
 
 def create_app(settings: ServeSettings, service: Service) -> FastAPI:
@@ -42,8 +56,6 @@ def create_app(settings: ServeSettings, service: Service) -> FastAPI:
     metrics = Metrics()
     app.state.service, app.state.metrics, app.state.settings = service, metrics, settings
     app.state.count = lambda job, rec: finished(metrics, settings, service, job, rec)  # the scheduler reports here
-    if settings.cors_origins:
-        app.add_middleware(CORSMiddleware, allow_origins=settings.cors_origins, allow_methods=["*"], allow_headers=["*"])
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
 
     @app.middleware("http")
@@ -55,34 +67,31 @@ def create_app(settings: ServeSettings, service: Service) -> FastAPI:
             token = given[7:] if given.lower().startswith("bearer ") else request.headers.get("x-api-key", "")
             if not hmac.compare_digest(token.encode(), key.encode()):
                 metrics.requests.labels(request.url.path, "401").inc()
-                return JSONResponse(error_body("invalid or missing API key", "authentication_error", code="invalid_api_key"), 401)
+                return error_response(request.url.path, ApiError(401, "invalid or missing API key", "authentication_error",
+                                                                 code="invalid_api_key"))
         response = await call_next(request)
         metrics.requests.labels(request.url.path, str(response.status_code)).inc()
         log.info(json.dumps({"path": request.url.path, "status": response.status_code,
                              "ms": round((time.perf_counter() - t) * 1e3, 1)}))
         return response
 
+    if settings.cors_origins:  # outermost, so refusals (401, 413) carry the CORS headers too
+        app.add_middleware(CORSMiddleware, **cors_options(settings.cors_origins))
+
     @app.exception_handler(ApiError)
-    async def api_error(_: Request, e: ApiError):
+    async def api_error(request: Request, e: ApiError):
         metrics.errors.labels(e.type).inc()
-        return JSONResponse(error_body(e.message, e.type, e.param), e.status, headers=e.headers)
+        return error_response(request.url.path, e)
 
     @app.exception_handler(RequestValidationError)
     async def bad_request(request: Request, e: RequestValidationError):
-        first = e.errors()[0] if e.errors() else {"loc": (), "msg": "invalid request"}
         metrics.errors.labels("invalid_request_error").inc()
-        if request.url.path.startswith("/api/"):  # Ollama's routes answer in Ollama's error shape
-            where = ".".join(str(x) for x in first.get("loc", ()) if x != "body") or "body"
-            return JSONResponse({"error": f"{where}: {first.get('msg')}"}, 400)
-        if first.get("type") == "json_invalid":  # loc is ("body", character offset)
-            where, why = first.get("loc", ("?",))[-1], first.get("ctx", {}).get("error", first.get("msg"))
-            return JSONResponse(error_body(f"the body is not valid JSON (character {where}: {why})", "invalid_request_error"), 400)
-        param = ".".join(str(x) for x in first.get("loc", ()) if x != "body") or None
-        return JSONResponse(error_body(f"{param or 'body'}: {first.get('msg')}", "invalid_request_error", param), 400)
+        return error_response(request.url.path, validation_error(e))
 
     @app.exception_handler(StarletteHTTPException)
-    async def http_error(_: Request, e: StarletteHTTPException):
-        return JSONResponse(error_body(str(e.detail), "invalid_request_error"), e.status_code)
+    async def http_error(request: Request, e: StarletteHTTPException):
+        return error_response(request.url.path, ApiError(e.status_code, str(e.detail),
+                                                         "not_found_error" if e.status_code == 404 else "invalid_request_error"))
 
     # -- health, status, metrics -------------------------------------------------------------
 
@@ -94,7 +103,12 @@ def create_app(settings: ServeSettings, service: Service) -> FastAPI:
 
     @app.get("/v1/models")
     async def models():
-        return {"object": "list", "data": [{"id": service.model_id, "object": "model", "created": 0, "owned_by": "specdeck"}]}
+        """OpenAI's list, plus the `models` catalogue Codex CLI reads from a custom provider."""
+        names = [service.model_id, *settings.model_aliases]
+        return {"object": "list",
+                "data": [{"id": n, "object": "model", "created": 0, "owned_by": "specdeck",
+                          "meta": {"n_ctx": service.n_ctx}} for n in names],
+                "models": [{"slug": n, "display_name": n, "context_window": service.n_ctx} for n in names]}
 
     @app.get("/v1/status")
     async def status():
@@ -108,5 +122,9 @@ def create_app(settings: ServeSettings, service: Service) -> FastAPI:
         return PlainTextResponse(generate_latest(metrics.registry).decode(), media_type=CONTENT_TYPE_LATEST)
 
     add_openai_routes(app, settings, service, metrics)
+    add_anthropic_routes(app, settings, service, metrics)
+    add_responses_routes(app, settings, service, metrics)
+    add_llamacpp_routes(app, settings, service, metrics)
     add_ollama_routes(app, settings, service, metrics)
+    add_unprefixed_routes(app)
     return app

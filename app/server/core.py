@@ -23,6 +23,7 @@ from app.engine.records import RequestRecord, StepRecord
 from app.engine.sampling import SamplingParams
 from app.engine.text import Tokenizer
 from app.plan.hardware import read_gpus
+from app.server.errors import ApiError
 from app.server.metrics import Metrics
 from app.server.scheduler import Done, Failed, Job, QueueFull, Scheduler
 from app.server.schemas import MAX_STOP_STRINGS, Sampling
@@ -39,10 +40,47 @@ def require_ready(service: Service) -> None:
         raise ApiError(503, "the models are still loading", "server_error", headers={"Retry-After": "5"})
 
 
-def check_model(body: Sampling, service: Service) -> None:
-    if body.model and body.model not in (service.model_id, "specdeck") and body.model not in service.models:
+def served_names(service: Service, settings: ServeSettings) -> set[str]:
+    return {service.model_id, "specdeck", *service.models, *settings.model_aliases}
+
+
+def check_model(body: Sampling, service: Service, settings: ServeSettings) -> None:
+    """A request naming another model is served by this one (as llama-server does: agents send their
+    own default names), unless --strict-model; answers always name the served model."""
+    if settings.strict_model and body.model and body.model not in served_names(service, settings):
         raise ApiError(404, f"model '{body.model}' is not served here (served: {service.model_id})", "not_found_error",
-                       "model")
+                       "model", code="model_not_found")
+
+
+def context_error(n_prompt: int, n_ctx: int, param: str = "messages") -> ApiError:
+    """A prompt that does not fit: llama-server's error type and OpenAI's code, with both sizes, so an
+    agent can trim its history and retry."""
+    return ApiError(400, f"the request is {n_prompt:,} tokens; this server's context is {n_ctx:,} tokens",
+                    "exceed_context_size_error", param, code="context_length_exceeded",
+                    extra={"n_prompt_tokens": n_prompt, "n_ctx": n_ctx})
+
+
+def refuse_images(what: str = "messages") -> ApiError:
+    return ApiError(400, "this model takes text only: images cannot be read (send text content)", param=what,
+                    code="image_not_supported")
+
+
+def chat_ids(service: Service, messages: list[dict], tools: list[dict] | None = None,
+             thinking: bool | None = None) -> list[int]:
+    """Messages through the model's own chat template. An assistant message last is continued
+    (prefill): the rest is rendered with the generation prompt and its text follows unclosed."""
+    tok = service.tokenizer
+    prefill = messages[-1]["role"] == "assistant" if messages else False
+    if prefill and messages[-1].get("tool_calls"):
+        raise ApiError(400, "a final assistant message with tool calls cannot be continued", param="messages")
+    head = messages[:-1] if prefill else messages
+    try:
+        ids = tok.chat_tokens(head, [{"type": "function", "function": t} for t in tools or []], thinking)
+    except Exception as e:  # noqa: BLE001 - a template that cannot render these messages
+        raise ApiError(400, f"cannot render these messages with the model's chat template: {e}") from None
+    if prefill and messages[-1].get("content"):
+        ids += tok.encode(messages[-1]["content"], add_special=False, parse_special=False)
+    return ids
 
 
 def fim_tokens(tok: Tokenizer, prefix: str, suffix: str, extra) -> list[int]:
@@ -66,25 +104,28 @@ def engine_request(body: Sampling, ids: list[int], service: Service, settings: S
                     grammar: str | None = None) -> EngineRequest:
     n_ctx = service.n_ctx
     if len(ids) >= n_ctx:
-        raise ApiError(400, f"the prompt is {len(ids):,} tokens; this server's context is {n_ctx:,} tokens",
-                       param="messages", type_="invalid_request_error")
+        raise context_error(len(ids), n_ctx)
     if len(body.stops()) > MAX_STOP_STRINGS:
         raise ApiError(400, f"at most {MAX_STOP_STRINGS} stop strings", param="stop")
-    asked = body.max_completion_tokens or body.max_tokens
+    asked = body.budget()
     if asked is not None and asked > n_ctx:
         raise ApiError(400, f"max_tokens is {asked:,}; this server's context is {n_ctx:,} tokens", param="max_tokens")
-    max_tokens = asked or min(settings.max_tokens, n_ctx - len(ids))
+    max_tokens = min(settings.max_tokens, n_ctx - len(ids)) if asked is None else asked
     max_tokens = min(max_tokens, settings.max_tokens, n_ctx - len(ids))
+    try:
+        n_logprobs = body.n_logprobs()
+    except ValueError as e:
+        raise ApiError(400, str(e), param="logprobs") from None
     spec = body.speculative
     enabled = service.speculative_default and (spec.enabled if spec else True)
     limit = int(service.plan.get("draft_max", 0))  # the plan is the one place draft_max is fixed
     n_max = spec.n_max if spec and spec.n_max is not None else limit
     return EngineRequest(
-        prompt=ids, max_tokens=max(1, max_tokens),
+        prompt=ids, max_tokens=max(0, max_tokens), logprobs=n_logprobs,
         sampling=SamplingParams(temperature=body.temperature, top_k=body.top_k, top_p=body.top_p, min_p=body.min_p,
                                 repeat_penalty=body.repeat_penalty, frequency_penalty=body.frequency_penalty,
                                 presence_penalty=body.presence_penalty,
-                                seed=body.seed if body.seed is not None else int.from_bytes(os.urandom(4), "little"),
+                                seed=body.seed if body.seed is not None and body.seed >= 0 else int.from_bytes(os.urandom(4), "little"),
                                 grammar=grammar),
         speculative=SpecParams(enabled=enabled and n_max > 0, n_max=min(n_max, limit)),
         stop_tokens=set() if body.ignore_eos else service.tokenizer.stop_tokens,
@@ -104,7 +145,8 @@ def timings(rec: RequestRecord) -> dict:
 
 def usage(rec: RequestRecord) -> dict:
     n = len(rec.completion)
-    return {"prompt_tokens": rec.prompt_tokens, "completion_tokens": n, "total_tokens": rec.prompt_tokens + n}
+    return {"prompt_tokens": rec.prompt_tokens, "completion_tokens": n, "total_tokens": rec.prompt_tokens + n,
+            "prompt_tokens_details": {"cached_tokens": rec.reused_tokens}}
 
 
 async def events(request: Request, job: Job) -> AsyncIterator:
@@ -126,9 +168,10 @@ async def events(request: Request, job: Job) -> AsyncIterator:
 
 
 def submit(service: Service, settings: ServeSettings, metrics: Metrics, body: Sampling, ids: list[int],
-            grammar: str | None) -> Job:
+            grammar: str | None, quiet: bool | None = None) -> Job:
     req = engine_request(body, ids, service, settings, grammar)
-    quiet = not body.stream and not body.stops()  # a whole answer with no stop string to watch: no per-step events
+    if quiet is None:  # a whole answer with no stop string to watch: no per-step events
+        quiet = not body.stream and not body.stops()
     job = Job(req, asyncio.get_running_loop(), time.monotonic() + settings.request_timeout, quiet=quiet)
     try:
         service.scheduler.submit(job)
@@ -232,16 +275,6 @@ def status_json(service: Service, metrics: Metrics) -> dict:
     }
 
 
-class ApiError(Exception):
-    def __init__(self, status: int, message: str, type_: str = "invalid_request_error", param: str | None = None,
-                 headers: dict | None = None) -> None:
-        self.status, self.message, self.type, self.param, self.headers = status, message, type_, param, headers or {}
-
-
-def error_body(message: str, type_: str, param: str | None = None, code: str | None = None) -> dict:
-    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
-
-
 @dataclass
 class Service:
     """What the app serves: a scheduler over an engine, its tokenizer, the plan and names.
@@ -257,4 +290,12 @@ class Service:
     speculative_default: bool = True
     details: dict = field(default_factory=dict)  # the target's GGUF facts (Ollama's tags / show)
     stats: LiveStats = field(default_factory=LiveStats)  # live figures for /v1/status and the dashboard
+
+    @property
+    def fingerprint(self) -> str:
+        """OpenAI's system_fingerprint: changes when the build or the models do."""
+        import hashlib
+
+        seed = json.dumps([__version__, self.model_id, self.plan.get("target_sha256"), self.plan.get("draft_sha256")])
+        return "fp_" + hashlib.sha256(seed.encode()).hexdigest()[:12]
 

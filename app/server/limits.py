@@ -2,17 +2,22 @@
 
 Without it a 10 MB prompt is read, parsed and tokenized on the event loop (seconds, during which
 no other request is answered) only to be refused for its length. Bodies over the cap get a 413 in
-OpenAI's error shape; a body without Content-Length is counted as it arrives.
+the envelope of the API the path belongs to; a body without Content-Length is counted as it
+arrives. The rest of a refused body is read and thrown away (up to `DRAIN_FACTOR` times the cap)
+before the 413 goes out: a client still writing its body would otherwise meet a closed socket (a
+broken pipe) and never see the status.
 """
 
 from __future__ import annotations
 
-import json
+from app.server.errors import ApiError, error_bytes
+
+DRAIN_FACTOR = 8  # past this many times the cap, the connection is closed without reading further
 
 
-def _too_large(limit: int) -> tuple[dict, bytes]:
-    body = json.dumps({"error": {"message": f"request body is larger than this server's limit of {limit:,} bytes",
-                                 "type": "invalid_request_error", "param": None, "code": "request_too_large"}}).encode()
+def _too_large(path: str, limit: int) -> tuple[dict, bytes]:
+    body = error_bytes(path, ApiError(413, f"request body is larger than this server's limit of {limit:,} bytes",
+                                      code="request_too_large"))
     start = {"type": "http.response.start", "status": 413,
              "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
                          (b"connection", b"close")]}
@@ -36,7 +41,7 @@ class BodyLimit:
             except ValueError:
                 declared = self.max_bytes + 1
             if declared > self.max_bytes:
-                return await self._refuse(send)
+                return await self._refuse(scope, receive, send, 0)
             return await self.app(scope, receive, send)
         # no Content-Length (chunked): read up to the cap, then replay what was read
         messages, total = [], 0
@@ -47,7 +52,7 @@ class BodyLimit:
                 break
             total += len(message.get("body", b""))
             if total > self.max_bytes:
-                return await self._refuse(send)
+                return await self._refuse(scope, receive, send, total, message.get("more_body", False))
             if not message.get("more_body", False):
                 break
 
@@ -56,7 +61,13 @@ class BodyLimit:
 
         return await self.app(scope, replay, send)
 
-    async def _refuse(self, send) -> None:
-        start, body = _too_large(self.max_bytes)
+    async def _refuse(self, scope, receive, send, read: int, more: bool = True) -> None:
+        while more and read <= DRAIN_FACTOR * self.max_bytes:
+            message = await receive()
+            if message["type"] != "http.request":
+                return  # the client went away
+            read += len(message.get("body", b""))
+            more = message.get("more_body", False)
+        start, body = _too_large(scope.get("path", ""), self.max_bytes)
         await send(start)
         await send({"type": "http.response.body", "body": body})

@@ -8,17 +8,15 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator, Callable
 from datetime import datetime, timezone
-from functools import wraps
 from typing import Any, Literal
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import StreamingResponse
 from pydantic import Field
 
 from app.engine.records import RequestRecord, StepRecord
 from app.errors import SpecdeckError
 from app.server.core import (
-    ApiError,
     Service,
     collect,
     events,
@@ -27,6 +25,7 @@ from app.server.core import (
     require_ready,
     submit,
 )
+from app.server.errors import ApiError
 from app.server.metrics import Metrics
 from app.server.scheduler import Done, Failed
 from app.server.schemas import Sampling, StrictBody, Tool
@@ -101,19 +100,6 @@ class ShowRequest(StrictBody):
     verbose: bool = False
 
 
-def ollama_errors(handler: Callable) -> Callable:
-    """Errors in Ollama's shape: {"error": "..."} with the status code."""
-
-    @wraps(handler)
-    async def wrapped(*args, **kwargs):
-        try:
-            return await handler(*args, **kwargs)
-        except ApiError as e:
-            return JSONResponse({"error": e.message}, e.status, headers=e.headers)
-
-    return wrapped
-
-
 def add_ollama_routes(app: FastAPI, settings: ServeSettings, service: Service, metrics: Metrics) -> None:
     @app.get("/api/version")
     async def version():
@@ -123,8 +109,18 @@ def add_ollama_routes(app: FastAPI, settings: ServeSettings, service: Service, m
     async def tags():
         return {"models": [_model_entry(service)]}
 
+    @app.get("/api/ps")
+    async def ps():
+        """What is loaded: the pair's whole planned footprint, and the part of it in VRAM."""
+        if not service.ready:
+            return {"models": []}
+        plan = service.plan
+        total = int(plan.get("used", 0)) + int(plan.get("host_used", 0))
+        vram = int(plan.get("used", 0)) if plan.get("device") not in (None, "cpu") else 0
+        return {"models": [{**_model_entry(service), "size": total, "size_vram": vram, "context_length": service.n_ctx,
+                            "expires_at": "2318-01-01T00:00:00Z"}]}  # never unloaded while serving
+
     @app.post("/api/show")
-    @ollama_errors
     async def show(body: ShowRequest):
         _check_name(body.model or body.name or "", service)
         d = service.details
@@ -143,7 +139,6 @@ def add_ollama_routes(app: FastAPI, settings: ServeSettings, service: Service, m
                 "modified_at": _iso(d.get("mtime", 0.0))}
 
     @app.post("/api/generate")
-    @ollama_errors
     async def generate(body: GenerateRequest, request: Request):
         _check_name(body.model, service)
         if body.images:
@@ -171,7 +166,6 @@ def add_ollama_routes(app: FastAPI, settings: ServeSettings, service: Service, m
         return out
 
     @app.post("/api/chat")
-    @ollama_errors
     async def chat(body: ChatRequest, request: Request):
         _check_name(body.model, service)
         if not body.messages:  # Ollama: no messages only loads the model

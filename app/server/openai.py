@@ -1,4 +1,4 @@
-"""The OpenAI API (chat, completions) and llama.cpp's /infill, translated onto the server core."""
+"""The OpenAI API (chat, completions), translated onto the server core."""
 
 
 from __future__ import annotations
@@ -17,22 +17,23 @@ from app.engine.sampling import check_grammar
 from app.engine.text import Tokenizer
 from app.errors import SpecdeckError
 from app.server.core import (
-    ApiError,
     Service,
+    chat_ids,
     check_model,
     collect,
-    error_body,
     events,
     fim_tokens,
     finish_reason,
+    refuse_images,
     require_ready,
     submit,
     timings,
     usage,
 )
+from app.server.errors import ApiError, error_body
 from app.server.metrics import Metrics
 from app.server.scheduler import Done, Failed, Job
-from app.server.schemas import ChatRequest, CompletionRequest, InfillRequest, Sampling
+from app.server.schemas import ChatRequest, CompletionRequest, Sampling
 from app.server.settings import ServeSettings
 from app.server.structured import (
     ToolCallHold,
@@ -52,32 +53,54 @@ def add_openai_routes(app: FastAPI, settings: ServeSettings, service: Service, m
     @app.post("/v1/chat/completions")
     async def chat(body: ChatRequest, request: Request):
         require_ready(service)
-        check_model(body, service)
+        check_model(body, service, settings)
+        _check_budget(body)
         tools = _active_tools(body, service.tokenizer)
-        messages = [_message_dict(m) for m in body.messages]
-        try:
-            ids = service.tokenizer.chat_tokens(messages, [{"type": "function", "function": t} for t in tools])
-        except Exception as e:  # noqa: BLE001 - a template that cannot render these messages
-            raise ApiError(400, f"cannot render these messages with the model's chat template: {e}") from None
+        messages = _chat_messages(body)
+        ids = chat_ids(service, messages, tools)
         grammar = _grammar(body, service, _forced_tools(body, tools))
         return await _generate(request, service, settings, metrics, body, ids, "chat", grammar, tools)
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
         require_ready(service)
-        check_model(body, service)
+        check_model(body, service, settings)
+        _check_budget(body)
         ids = _completion_tokens(service.tokenizer, body)
-        return await _generate(request, service, settings, metrics, body, ids, "text", _grammar(body, service))
+        prompt = _prompt_text(service.tokenizer, body, ids)
+        return await _generate(request, service, settings, metrics, body, ids, "text", _grammar(body, service),
+                               echo=prompt if body.echo else "", offset=len(prompt))
 
-    @app.post("/infill")
-    async def infill(body: InfillRequest, request: Request):
-        require_ready(service)
-        ids = fim_tokens(service.tokenizer, body.input_prefix + body.prompt, body.input_suffix, body.input_extra)
-        sampling = Sampling(temperature=body.temperature, top_k=body.top_k, top_p=body.top_p, min_p=body.min_p,
-                            seed=body.seed, stop=body.stop or None, stream=body.stream, speculative=body.speculative,
-                            max_tokens=body.n_predict if body.n_predict and body.n_predict > 0 else None)
-        return await _generate(request, service, settings, metrics, sampling, ids, "infill")
 
+def _prompt_text(tok: Tokenizer, body: CompletionRequest, ids: list[int]) -> str:
+    """The prompt as given (text), or its tokens' text (ids): what `echo` repeats, where text_offset starts."""
+    if isinstance(body.prompt, str):
+        return body.prompt
+    if isinstance(body.prompt, list) and body.prompt and isinstance(body.prompt[0], str):
+        return body.prompt[0]
+    return tok.decode(ids[1:] if ids and ids[0] == tok.bos else ids)
+
+
+def _check_budget(body: Sampling) -> None:
+    """OpenAI's routes generate at least one token (0 is llama.cpp's "evaluate only", on /completion and /infill)."""
+    for name in ("max_tokens", "max_completion_tokens"):
+        if getattr(body, name) == 0:
+            raise ApiError(400, f"{name} must be at least 1 (or -1: up to the context)", param=name)
+
+
+def _chat_messages(body: ChatRequest) -> list[dict]:
+    """The messages as the template reads them; llama-server's rules for a final assistant message
+    (continued), and images refused on this text-only model."""
+    if any(m.has_images() for m in body.messages):
+        raise refuse_images()
+    roles = [m.role for m in body.messages]
+    if any(a == b == "assistant" for a, b in zip(roles, roles[1:])):
+        raise ApiError(400, "two assistant messages in a row: merge them, or end with one to continue it", param="messages")
+    if body.continue_final_message and body.add_generation_prompt:
+        raise ApiError(400, "continue_final_message and add_generation_prompt cannot both be true", param="messages")
+    if body.continue_final_message and roles[-1] != "assistant":
+        raise ApiError(400, "continue_final_message needs an assistant message last", param="messages")
+    return [_message_dict(m) for m in body.messages]
 
 
 def _active_tools(body: ChatRequest, tok: Tokenizer) -> list[dict]:
@@ -173,18 +196,19 @@ def _call_ids(n: int) -> list[str]:
 
 
 async def _generate(request: Request, service: Service, settings: ServeSettings, metrics: Metrics, body: Sampling,
-                    ids: list[int], kind: str, grammar: str | None = None, tools: list[dict] | None = None):
+                    ids: list[int], kind: str, grammar: str | None = None, tools: list[dict] | None = None,
+                    echo: str = "", offset: int = 0):
     job = submit(service, settings, metrics, body, ids, grammar)
     created, rid = int(time.time()), ("chatcmpl-" if kind == "chat" else "cmpl-") + job.id
     text = TextStream(lambda t: service.tokenizer.piece_bytes(t), body.stops())
+    head = {"id": rid, "object": "chat.completion" if kind == "chat" else "text_completion", "created": created,
+            "model": service.model_id, "system_fingerprint": service.fingerprint}
     if body.stream:
-        return StreamingResponse(_stream(request, job, text, kind, rid, created, service, body, tools or []),
+        return StreamingResponse(_stream(request, job, text, kind, head, service, body, tools or [], echo, offset),
                                  media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
     content, record = await collect(request, job, text)
     finish = finish_reason(text, record)
-    if kind == "infill":
-        return {"content": content, "stop": True, "stop_type": finish, "tokens_predicted": len(record.completion),
-                "tokens_evaluated": record.prompt_tokens, "timings": timings(record), "model": service.model_id}
+    lps = _logprobs(service.tokenizer, kind, record.logprobs, offset) if job.request.logprobs is not None else None
     if kind == "chat":
         message = {"role": "assistant", "content": content}
         if tools:
@@ -192,39 +216,67 @@ async def _generate(request: Request, service: Service, settings: ServeSettings,
             if calls:
                 message["tool_calls"] = openai_tool_calls(calls, _call_ids(len(calls)))
                 finish = "tool_calls"
-        choice = {"index": 0, "message": message, "finish_reason": finish, "logprobs": None}
-        obj = "chat.completion"
+        choice = {"index": 0, "message": message, "finish_reason": finish, "logprobs": lps}
     else:
-        choice = {"index": 0, "text": content, "finish_reason": finish, "logprobs": None}
-        obj = "text_completion"
-    return {"id": rid, "object": obj, "created": created, "model": service.model_id, "choices": [choice],
-            "usage": usage(record), "timings": timings(record)}
+        choice = {"index": 0, "text": echo + content, "finish_reason": finish, "logprobs": lps}
+    return {**head, "choices": [choice], "usage": usage(record), "timings": timings(record)}
+
+
+def _token_entry(tok: Tokenizer, t: int, lp: float) -> dict:
+    b = tok.piece_bytes(t)
+    return {"token": b.decode("utf-8", errors="replace"), "logprob": lp, "bytes": list(b)}
+
+
+def _logprobs(tok: Tokenizer, kind: str, lps: list, offset: int = 0) -> dict:
+    """The target's log-probabilities in OpenAI's shapes: chat's `content` list, or the legacy
+    completions object (tokens, token_logprobs, top_logprobs, text_offset)."""
+    if kind == "chat":
+        return {"content": [{**_token_entry(tok, x.token, x.logprob),
+                             "top_logprobs": [_token_entry(tok, t, lp) for t, lp in x.top]} for x in lps],
+                "refusal": None}
+    tokens = [tok.piece_bytes(x.token).decode("utf-8", errors="replace") for x in lps]
+    offsets, at = [], offset
+    for t in tokens:
+        offsets.append(at)
+        at += len(t)
+    return {"tokens": tokens, "token_logprobs": [x.logprob for x in lps],
+            "top_logprobs": [{tok.piece_bytes(t).decode("utf-8", errors="replace"): lp for t, lp in x.top} for x in lps],
+            "text_offset": offsets}
 
 
 def _sse(obj: dict) -> bytes:
     return f"data: {json.dumps(obj)}\n\n".encode()
 
 
-async def _stream(request: Request, job: Job, text: TextStream, kind: str, rid: str, created: int, service: Service,
-                  body: Sampling, tools: list[dict]) -> AsyncIterator[bytes]:
-    obj = "chat.completion.chunk" if kind == "chat" else "text_completion"
+async def _stream(request: Request, job: Job, text: TextStream, kind: str, head: dict, service: Service,
+                  body: Sampling, tools: list[dict], echo: str, offset: int) -> AsyncIterator[bytes]:
+    head = {**head, "object": "chat.completion.chunk" if kind == "chat" else "text_completion"}
     hold = ToolCallHold(bool(tools))
+    want_lps = job.request.logprobs is not None
+    pending: list = []  # log-probabilities of tokens whose text has not gone out yet
+    sent = offset
 
     def chunk(delta: str | None, finish: str | None, first: bool = False, calls: list[dict] | None = None) -> dict:
-        if kind == "infill":
-            return {"content": delta or "", "stop": finish is not None}
+        nonlocal pending, sent
+        lps = None
+        if want_lps and (delta or finish):
+            lps, pending = _logprobs(service.tokenizer, kind, pending, sent), []
+        sent += len(delta or "")
         if kind == "chat":
             d = {"role": "assistant", "content": delta or ""} if first else ({"content": delta} if delta else {})
             if calls:
                 d["tool_calls"] = [{"index": i, **c} for i, c in enumerate(calls)]
-            c = {"index": 0, "delta": d, "finish_reason": finish, "logprobs": None}
+            c = {"index": 0, "delta": d, "finish_reason": finish, "logprobs": lps}
         else:
-            c = {"index": 0, "text": delta or "", "finish_reason": finish, "logprobs": None}
-        return {"id": rid, "object": obj, "created": created, "model": service.model_id, "choices": [c]}
+            c = {"index": 0, "text": delta or "", "finish_reason": finish, "logprobs": lps}
+        return {**head, "choices": [c]}
 
+    if echo:
+        yield _sse({**head, "choices": [{"index": 0, "text": echo, "finish_reason": None, "logprobs": None}]})
     first = True
     async for event in events(request, job):
         if isinstance(event, StepRecord):
+            pending += event.logprobs or []
             delta = hold.push(text.push(event.tokens))
             if text.stopped:
                 job.cancel()
@@ -246,12 +298,7 @@ async def _stream(request: Request, job: Job, text: TextStream, kind: str, rid: 
                     calls, finish = openai_tool_calls(parsed, _call_ids(len(parsed))), "tool_calls"
             last = chunk(tail or None, finish, calls=calls)
             last["timings"] = timings(rec)
-            if kind == "infill":
-                last.update({"tokens_predicted": len(rec.completion), "timings": timings(rec)})
             yield _sse(last)
-            if body.stream_options and body.stream_options.include_usage and kind != "infill":
-                yield _sse({"id": rid, "object": obj, "created": created, "model": service.model_id, "choices": [],
-                            "usage": usage(rec)})
-    if kind != "infill":
-        yield b"data: [DONE]\n\n"
-
+            if body.stream_options and body.stream_options.include_usage:
+                yield _sse({**head, "choices": [], "usage": usage(rec)})
+    yield b"data: [DONE]\n\n"

@@ -64,8 +64,10 @@ class ResponseFormat(StrictBody):
 
 class Sampling(StrictBody):
     model: str | None = None
-    max_tokens: int | None = Field(None, ge=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
+    # -1: up to the context (llama.cpp's value); 0: evaluate and cache the prompt, generate nothing
+    max_tokens: int | None = Field(None, ge=-1)
+    max_completion_tokens: int | None = Field(None, ge=-1)
+    n_predict: int | None = Field(None, ge=-1, description="llama.cpp's name for max_tokens")
     temperature: float = Field(1.0, ge=0.0, le=2.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     top_k: int = Field(0, ge=0)
@@ -73,17 +75,35 @@ class Sampling(StrictBody):
     presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
     frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
     repeat_penalty: float = Field(1.0, ge=0.0, le=10.0)
-    seed: int | None = Field(None, ge=0, lt=2**32)
+    seed: int | None = Field(None, ge=-1, lt=2**32, description="-1: random (llama.cpp's value)")
     stop: str | list[str] | None = None
     n: int = Field(1, ge=1, le=1, description="only n=1 is supported")
     stream: bool = False
     stream_options: StreamOptions | None = None
-    logprobs: bool | int | None = None
+    logprobs: bool | int | None = Field(None, description="chat: true/false; completions: how many alternatives (0-20)")
+    top_logprobs: int | None = Field(None, ge=0, le=20)
     speculative: SpeculativeOptions | None = None
     user: str | None = None
     response_format: ResponseFormat | None = None
     grammar: str | None = Field(None, description="GBNF the output must follow (llama.cpp's extension)")
     ignore_eos: bool = Field(False, description="generate past end-of-generation tokens (llama.cpp's extension)")
+
+    def budget(self) -> int | None:
+        """Tokens to generate as asked: None (up to the context, within the server's cap) or a count (0: none)."""
+        for n in (self.max_completion_tokens, self.max_tokens, self.n_predict):
+            if n is not None:
+                return None if n < 0 else n
+        return None
+
+    def n_logprobs(self) -> int | None:
+        """How many alternatives per token the answer reports (None: no logprobs)."""
+        if self.logprobs is None or self.logprobs is False:
+            return None
+        if self.logprobs is True:
+            return self.top_logprobs or 0
+        if not 0 <= self.logprobs <= 20:
+            raise ValueError("logprobs must be between 0 and 20")
+        return self.logprobs
 
     def stops(self) -> list[str]:
         if self.stop is None:
@@ -130,6 +150,10 @@ class ChatMessage(StrictBody):
     tool_calls: list[ToolCall] | None = None
     tool_call_id: str | None = None
 
+    def has_images(self) -> bool:
+        return isinstance(self.content, list) and any(
+            isinstance(p, dict) and p.get("type") in ("image_url", "input_image", "image") for p in self.content)
+
     def text(self) -> str:
         if isinstance(self.content, list):
             return "".join(p.get("text", "") for p in self.content if isinstance(p, dict) and p.get("type") == "text")
@@ -141,6 +165,8 @@ class ChatRequest(Sampling):
     tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
+    add_generation_prompt: bool | None = None
+    continue_final_message: bool | None = None
 
 
 class CompletionRequest(Sampling):

@@ -30,10 +30,15 @@ class ServeSettings(BaseSettings):
     speculative: bool = Field(True, description="speculation on by default (requests can turn it off)",
                               json_schema_extra={"flag": "--no-speculative", "negate": True, "help": "start with speculation off"})
     log_prompts: bool = Field(False, description="log request text (off: only counts and timings)")
+    strict_model: bool = Field(False, description="answer 404 to requests naming another model (default: serve them with this one)")
+    model_aliases: list[str] = Field(default_factory=list, description="another name the served model answers to",
+                                     json_schema_extra={"flag": "--alias"})
+    slots_endpoint: bool = Field(False, description="serve llama-server's GET /slots (per-slot state)",
+                                 json_schema_extra={"flag": "--slots"})
 
     # the fields `serve`, `up` and `doctor` take as flags (the API key never is one)
     FLAGS: typing.ClassVar[tuple[str, ...]] = ("host", "port", "max_queue", "cors_origins", "speculative", "log_prompts",
-                                               "draft_max")
+                                               "draft_max", "strict_model", "model_aliases", "slots_endpoint")
 
     def check(self) -> None:
         if not is_loopback(self.host) and not self.api_key:

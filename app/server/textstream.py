@@ -16,6 +16,7 @@ class TextStream:
         self.pending = b""  # bytes of an unfinished UTF-8 character
         self.held = ""  # text that may begin a stop string
         self.stopped = False
+        self.stopped_by: str | None = None  # the stop string that ended the text
 
     def _decode(self, data: bytes) -> str:
         data = self.pending + data
@@ -37,7 +38,7 @@ class TextStream:
         for s in self.stops:
             i = text.find(s)
             if i >= 0:
-                self.stopped = True
+                self.stopped, self.stopped_by = True, s
                 self.held = ""
                 return text[:i]
         keep = 0

@@ -1,0 +1,315 @@
+"""llama-server's own surface, translated onto the server core: `/completion` (and `/completions`),
+`/infill` with the budgets editor plugins send, `/tokenize`, `/detokenize`, `/apply-template`,
+`/props` and `/slots`, plus the OpenAI routes without their `/v1` prefix, as llama-server serves
+them. Field names and answer shapes are llama-server's (tools/server/README.md), so llama.vscode,
+llama.vim, Continue's llama.cpp provider and scripts written for llama-server work unchanged."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import Field
+
+from app import __version__
+from app.engine.records import RequestRecord, StepRecord
+from app.engine.sampling import check_grammar
+from app.engine.text import Tokenizer
+from app.errors import SpecdeckError
+from app.server.core import (
+    Service,
+    events,
+    fim_tokens,
+    require_ready,
+    submit,
+    timings,
+)
+from app.server.errors import ApiError
+from app.server.metrics import Metrics
+from app.server.scheduler import Done, Failed, Job
+from app.server.schemas import ChatMessage, Sampling, StrictBody
+from app.server.settings import ServeSettings
+from app.server.structured import json_grammar
+from app.server.textstream import TextStream
+
+STOP_TYPES = {"stop": "eos", "length": "limit", "context": "limit", "time_limit": "limit", "cancelled": "none",
+              "error": "none"}
+
+
+class NativeSampling(Sampling):
+    """llama-server's request fields on top of the common ones."""
+    temperature: float = Field(0.8, ge=0.0, le=2.0)  # llama-server's defaults
+    top_k: int = Field(40, ge=0)
+    top_p: float = Field(0.95, gt=0.0, le=1.0)
+    min_p: float = Field(0.05, ge=0.0, le=1.0)
+    n_probs: int = Field(0, ge=0, le=20)
+    cache_prompt: bool = True  # the prompt cache is always kept: accepted for compatibility
+    return_tokens: bool = False
+    json_schema: dict[str, Any] | None = None
+    t_max_predict_ms: int = Field(0, ge=0, description="after this long generating, stop at the next new line")
+    t_max_prompt_ms: int = Field(0, ge=0, description="accepted; the prompt is always evaluated whole (as llama-server)")
+    id_slot: int = -1
+
+
+class CompletionBody(NativeSampling):
+    prompt: str | list[int | str] = ""
+
+
+class InfillExtra(StrictBody):
+    filename: str
+    text: str
+
+
+class InfillBody(NativeSampling):
+    input_prefix: str = ""
+    input_suffix: str = ""
+    input_extra: list[InfillExtra] = []
+    prompt: str = ""
+    temperature: float = Field(0.0, ge=0.0, le=2.0)
+
+
+class TokenizeBody(StrictBody):
+    content: str = ""
+    add_special: bool = False
+    parse_special: bool = True
+    with_pieces: bool = False
+
+
+class DetokenizeBody(StrictBody):
+    tokens: list[int] = []
+
+
+class TemplateBody(StrictBody):
+    messages: list[ChatMessage] = Field(min_length=1)
+
+
+def add_llamacpp_routes(app: FastAPI, settings: ServeSettings, service: Service, metrics: Metrics) -> None:
+    @app.post("/completion")
+    @app.post("/completions")
+    async def completion(body: CompletionBody, request: Request):
+        require_ready(service)
+        ids = _prompt_tokens(service.tokenizer, body.prompt)
+        return await _native(request, service, settings, metrics, body, ids)
+
+    @app.post("/infill")
+    async def infill(body: InfillBody, request: Request):
+        require_ready(service)
+        ids = fim_tokens(service.tokenizer, body.input_prefix + body.prompt, body.input_suffix, body.input_extra)
+        return await _native(request, service, settings, metrics, body, ids)
+
+    @app.post("/tokenize")
+    async def tokenize(body: TokenizeBody):
+        require_ready(service)
+        tok = service.tokenizer
+        ids = tok.encode(body.content, add_special=body.add_special, parse_special=body.parse_special)
+        if not body.with_pieces:
+            return {"tokens": ids}
+        return {"tokens": [{"id": t, "piece": _piece(tok, t)} for t in ids]}
+
+    @app.post("/detokenize")
+    async def detokenize(body: DetokenizeBody):
+        require_ready(service)
+        tok = service.tokenizer
+        bad = [t for t in body.tokens if not 0 <= t < tok.model.n_vocab]
+        if bad:
+            raise ApiError(400, f"token id {bad[0]} is outside the vocabulary", param="tokens")
+        return {"content": tok.decode(body.tokens)}
+
+    @app.post("/apply-template")
+    async def apply_template(body: TemplateBody):
+        require_ready(service)
+        messages = [{"role": m.role, "content": m.text()} for m in body.messages]
+        try:
+            return {"prompt": service.tokenizer.render_chat(messages)}
+        except SpecdeckError as e:
+            raise ApiError(400, e.message, param="messages") from None
+        except Exception as e:  # noqa: BLE001 - a template that cannot render these messages
+            raise ApiError(400, f"cannot render these messages with the model's chat template: {e}") from None
+
+    @app.get("/props")
+    async def props():
+        require_ready(service)
+        return _props(service, settings)
+
+    @app.get("/slots")
+    async def slots():
+        if not settings.slots_endpoint:
+            return JSONResponse({"error": {"code": 501, "message": "This server does not support the slots endpoint: "
+                                           "start it with --slots", "type": "not_supported_error"}}, 501)
+        require_ready(service)
+        return _slots(service)
+
+
+# -- helpers -----------------------------------------------------------------------------------
+
+def _piece(tok: Tokenizer, t: int) -> str | list[int]:
+    """A token's text, or its bytes where they are not whole UTF-8 (as llama-server answers)."""
+    b = tok.piece_bytes(t, special=True)
+    try:
+        return b.decode("utf-8")
+    except UnicodeDecodeError:
+        return list(b)
+
+
+def _prompt_tokens(tok: Tokenizer, prompt: str | list[int | str]) -> list[int]:
+    """Text (with BOS, as llama-server adds it), token ids, or a mix of both."""
+    if isinstance(prompt, str):
+        return tok.encode(prompt)
+    ids: list[int] = []
+    for i, part in enumerate(prompt):
+        if isinstance(part, int):
+            if not 0 <= part < tok.model.n_vocab:
+                raise ApiError(400, f"token id {part} is outside the vocabulary", param="prompt")
+            ids.append(part)
+        else:
+            ids += tok.encode(part, add_special=i == 0)
+    return ids
+
+
+def _grammar(body: NativeSampling, service: Service) -> str | None:
+    if body.grammar and body.json_schema:
+        raise ApiError(400, "grammar and json_schema cannot be combined", param="json_schema")
+    grammar = body.grammar
+    try:
+        if body.json_schema is not None:
+            grammar = json_grammar(body.json_schema)
+        if grammar:
+            check_grammar(service.tokenizer.vocab, grammar)
+    except SpecdeckError as e:
+        raise ApiError(400, e.message, param="json_schema" if body.json_schema is not None else "grammar") from None
+    return grammar or None
+
+
+def _probs(tok: Tokenizer, lps: list) -> list[dict]:
+    def entry(t: int, lp: float) -> dict:
+        b = tok.piece_bytes(t)
+        return {"id": t, "token": b.decode("utf-8", errors="replace"), "bytes": list(b), "logprob": lp}
+
+    return [{**entry(x.token, x.logprob), "top_logprobs": [entry(t, lp) for t, lp in x.top]} for x in lps]
+
+
+class _Budget:
+    """t_max_predict_ms: once generation has run this long, stop at the next new line (llama-server's rule)."""
+
+    def __init__(self, ms: int) -> None:
+        self.ms, self.t0, self.hit = ms, None, False
+
+    def over(self, delta: str) -> bool:
+        if self.t0 is None:
+            self.t0 = time.perf_counter()
+        if self.ms and "\n" in delta and (time.perf_counter() - self.t0) * 1e3 > self.ms:
+            self.hit = True
+        return self.hit
+
+
+def _final(body: NativeSampling, service: Service, ids: list[int], rec: RequestRecord, text: TextStream,
+           budget: _Budget, content: str) -> dict:
+    stop_type = "word" if text.stopped else "limit" if budget.hit else STOP_TYPES.get(rec.finish_reason or "stop", "none")
+    out = {"content": content, "id_slot": 0, "stop": True, "model": service.model_id,
+           "tokens_predicted": len(rec.completion), "tokens_evaluated": rec.prompt_tokens,
+           "tokens_cached": rec.reused_tokens + len(rec.completion), "truncated": False, "stop_type": stop_type,
+           "stopping_word": text.stopped_by or "", "has_new_line": "\n" in content,
+           "generation_settings": _generation_settings(body, service), "timings": timings(rec),
+           "tokens": rec.completion if body.return_tokens else []}
+    if body.n_probs:
+        out["completion_probabilities"] = _probs(service.tokenizer, rec.logprobs)
+    return out
+
+
+async def _native(request: Request, service: Service, settings: ServeSettings, metrics: Metrics,
+                  body: NativeSampling, ids: list[int]):
+    if body.n_probs and body.logprobs is None:
+        body = body.model_copy(update={"logprobs": body.n_probs})
+    job = submit(service, settings, metrics, body, ids, _grammar(body, service),
+                 quiet=False if body.t_max_predict_ms else None)
+    text, budget = TextStream(lambda t: service.tokenizer.piece_bytes(t), body.stops()), _Budget(body.t_max_predict_ms)
+    if body.stream:
+        return StreamingResponse(_stream(request, job, text, budget, body, service, ids), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache"})
+    parts, rec = [], None
+    async for event in events(request, job):
+        if isinstance(event, StepRecord):
+            parts.append(text.push(event.tokens))
+            if text.stopped or budget.over(parts[-1]):
+                job.cancel()
+        elif isinstance(event, Failed):
+            raise ApiError(event.status, event.message, "server_error" if event.status >= 500 else "invalid_request_error")
+        elif isinstance(event, Done):
+            rec = event.record
+            if job.quiet:
+                parts.append(text.push(rec.completion))
+    if rec is None:
+        raise ApiError(499, "client closed the request")
+    parts.append(text.flush())
+    return _final(body, service, ids, rec, text, budget, "".join(parts))
+
+
+async def _stream(request: Request, job: Job, text: TextStream, budget: _Budget, body: NativeSampling,
+                  service: Service, ids: list[int]) -> AsyncIterator[bytes]:
+    sse = lambda obj: f"data: {json.dumps(obj)}\n\n".encode()  # noqa: E731
+    sent = []
+    async for event in events(request, job):
+        if isinstance(event, StepRecord):
+            delta = text.push(event.tokens)
+            if text.stopped or budget.over(delta):
+                job.cancel()
+            sent.append(delta)
+            chunk = {"content": delta, "tokens": event.tokens if body.return_tokens else [], "stop": False,
+                     "id_slot": 0, "index": 0}
+            if body.n_probs:
+                chunk["completion_probabilities"] = _probs(service.tokenizer, event.logprobs or [])
+            yield sse(chunk)
+        elif isinstance(event, Failed):
+            yield sse({"error": {"code": event.status, "message": event.message, "type": "server_error"}})
+            return
+        elif isinstance(event, Done):
+            tail = text.flush()
+            final = _final(body, service, ids, event.record, text, budget, tail)
+            final.pop("completion_probabilities", None)
+            final["tokens"] = []
+            yield sse(final)
+
+
+def _generation_settings(body: NativeSampling | None, service: Service) -> dict:
+    b = body or NativeSampling()
+    return {"n_ctx": service.n_ctx, "n_predict": b.budget() if b.budget() is not None else -1,
+            "model": service.model_id, "temperature": b.temperature, "top_k": b.top_k, "top_p": b.top_p,
+            "min_p": b.min_p, "repeat_penalty": b.repeat_penalty, "presence_penalty": b.presence_penalty,
+            "frequency_penalty": b.frequency_penalty, "seed": b.seed if b.seed is not None else -1,
+            "stop": b.stops(), "n_probs": b.n_probs, "ignore_eos": b.ignore_eos, "stream": b.stream,
+            "grammar": b.grammar or "", "speculative": service.speculative_default,
+            "speculative.n_max": int(service.plan.get("draft_max", 0))}
+
+
+def _props(service: Service, settings: ServeSettings) -> dict:
+    tok = service.tokenizer
+    return {"default_generation_settings": {**_generation_settings(None, service), "params": _generation_settings(None, service)},
+            "total_slots": len(service.scheduler.engine.slots), "model_alias": service.model_id,
+            "model_path": str(service.details.get("path", "")), "modalities": {"vision": False, "audio": False},
+            "endpoint_slots": settings.slots_endpoint, "endpoint_props": True, "endpoint_metrics": True,
+            "chat_template": tok.chat_template or "", "chat_template_caps": {"supports_tools": tok.supports_tools},
+            "bos_token": tok.piece(tok.bos), "eos_token": tok.piece(tok.eos),
+            "build_info": f"specdeck {__version__}", "is_sleeping": False}
+
+
+def _slots(service: Service) -> list[dict]:
+    eng, out = service.scheduler.engine, []
+    for s in eng.slots:
+        job = service.scheduler.active.get(s.id)
+        out.append({"id": s.id, "n_ctx": service.n_ctx, "is_processing": job is not None, "id_task": job.id if job else -1,
+                    "n_cached": len(s.cached), "n_generated": s.generated if job else 0,
+                    "params": _generation_settings(None, service)})
+    return out
+
+
+def add_unprefixed_routes(app: FastAPI) -> None:
+    """llama-server also answers the OpenAI routes without `/v1`: the same handlers, other paths."""
+    for route in list(app.router.routes):
+        path = getattr(route, "path", "")
+        if path in ("/v1/chat/completions", "/v1/models", "/v1/embeddings", "/v1/responses"):
+            app.add_api_route(path[3:], route.endpoint, methods=list(route.methods))
+
