@@ -48,6 +48,8 @@ def _add_serve_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", help="TOML config file (default: ~/.config/specdeck/config.toml if present)")
     _add_plan_overrides(p, draft_max=False)  # --draft-max is ServeSettings' (config and SPECDECK_DRAFT_MAX apply)
     p.add_argument("--threads", type=int, help="CPU threads (default: physical cores)")
+    p.add_argument("--embedding-model", help="serve /v1/embeddings and /api/embed from this model (catalogue name, "
+                                             "hf:// URI or GGUF path; default: the preset's, if it names one)")
 
 
 

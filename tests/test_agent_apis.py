@@ -314,3 +314,45 @@ def test_cors_ps_and_errors_per_api(api):
     with pytest.raises(openai.APIStatusError) as e:
         big.completions.create(model="x", prompt="a " * 50_000, max_tokens=1)
     assert e.value.status_code == 413
+
+
+# -- embeddings --------------------------------------------------------------------------------
+
+
+def test_embeddings_without_a_model_name_the_flag(api):
+    r = httpx.post(api.url + "/v1/embeddings", headers=H, json={"input": "a b"})
+    assert r.status_code == 501 and "--embedding-model" in r.json()["error"]["message"]
+    r = httpx.post(api.url + "/api/embed", headers=H, json={"model": "x", "input": "a b"})
+    assert r.status_code == 501 and "--embedding-model" in r.json()["error"]
+
+
+def test_embeddings_openai_and_ollama_from_the_embedding_model(pair, tmp_path):
+    import base64
+
+    import numpy as np
+    emb_path = write_tiny_model(tmp_path / "embed.gguf", seed=7, n_layers=1)
+    s = LiveServer(*pair, ServeSettings(port=free_port()), parallel=1, embedding=emb_path)
+    try:
+        terms = {t["name"]: t["bytes"] for t in s.plan.to_json()["terms"]}
+        assert terms["embedding weights"] > 0 and terms["embedding KV cache"] > 0  # counted in the budget
+        c = _oai(s.url)
+        r = c.embeddings.create(model="text-embedding-3-small", input=["a b c", "the def", "a b c"])
+        vecs = [np.array(d.embedding) for d in r.data]
+        assert [d.index for d in r.data] == [0, 1, 2] and r.usage.prompt_tokens > 0
+        assert all(abs(np.linalg.norm(v) - 1) < 1e-5 for v in vecs)
+        assert np.allclose(vecs[0], vecs[2]) and not np.allclose(vecs[0], vecs[1])
+        ids = httpx.post(s.url + "/tokenize", json={"content": "a b c", "add_special": True}).json()["tokens"]
+        by_ids = httpx.post(s.url + "/v1/embeddings", json={"input": ids}).json()["data"][0]["embedding"]
+        assert np.allclose(by_ids, vecs[0], atol=1e-6)
+        b64 = httpx.post(s.url + "/v1/embeddings", json={"input": "a b c", "encoding_format": "base64"}).json()
+        assert np.allclose(np.frombuffer(base64.b64decode(b64["data"][0]["embedding"]), "<f4"), vecs[0], atol=1e-6)
+        short = httpx.post(s.url + "/v1/embeddings", json={"input": "a b c", "dimensions": 8}).json()["data"][0]["embedding"]
+        assert len(short) == 8 and abs(np.linalg.norm(short) - 1) < 1e-5
+        ol = httpx.post(s.url + "/api/embed", json={"model": "embed", "input": ["a b c", "the def"]}).json()
+        assert np.allclose(ol["embeddings"][0], vecs[0], atol=1e-6) and len(ol["embeddings"]) == 2
+        for bad in ({"input": []}, {"input": [[999999]]}, {"input": "a " * 9000}, {"input": 5}):
+            r = httpx.post(s.url + "/v1/embeddings", json=bad, timeout=60)
+            assert r.status_code == 400, (bad, r.text)
+        assert httpx.post(s.url + "/v1/completions", json={"prompt": "a", "max_tokens": 2}).status_code == 200
+    finally:
+        s.close()

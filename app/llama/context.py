@@ -6,6 +6,7 @@ synchronous and single-threaded: one worker owns a context.
 
 from __future__ import annotations
 
+import ctypes
 import time
 from pathlib import Path
 
@@ -52,6 +53,15 @@ class Model:
         self.close()
 
 
+def _pooling_of(model: Model) -> int:
+    """The pooling type a GGUF declares (`<arch>.pooling_type`), NONE when it declares none."""
+    buf = ctypes.create_string_buffer(64)
+    arch = buf.value.decode() if llama_cpp.llama_model_meta_val_str(model.ptr, b"general.architecture", buf, 64) > 0 else ""
+    if llama_cpp.llama_model_meta_val_str(model.ptr, f"{arch}.pooling_type".encode(), buf, 64) > 0:
+        return int(buf.value.decode())
+    return llama_cpp.LLAMA_POOLING_TYPE_NONE
+
+
 class Context:
     """A llama.cpp context created exactly from a plan's ModelParams."""
 
@@ -63,6 +73,10 @@ class Context:
         cp.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED if p.flash_attn else llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
         cp.n_threads = cp.n_threads_batch = n_threads
         cp.no_perf = True
+        if p.embeddings:
+            cp.embeddings = True
+            cp.pooling_type = llama_cpp.LLAMA_POOLING_TYPE_MEAN if _pooling_of(model) == llama_cpp.LLAMA_POOLING_TYPE_NONE \
+                else llama_cpp.LLAMA_POOLING_TYPE_UNSPECIFIED  # the GGUF's own pooling, else the mean of the tokens
         self.model = model
         self.params = p
         self.ptr = llama_cpp.llama_init_from_model(model.ptr, cp)
@@ -81,6 +95,14 @@ class Context:
         self.decodes += 1
         if rc != 0:
             raise DecodeError(f"llama_decode failed ({rc}): {_DECODE_ERRORS.get(rc, 'unknown error')}")
+
+    def embedding(self, seq: int) -> np.ndarray:
+        """The pooled embedding of a sequence after a decode of an embedding context (a copy)."""
+        ptr = llama_cpp.llama_get_embeddings_seq(self.ptr, seq)
+        if not ptr:
+            raise SpecdeckError(f"no embedding for sequence {seq} (not an embedding context?)")
+        n = int(llama_cpp.llama_model_n_embd(self.model.ptr))
+        return np.ctypeslib.as_array(ptr, shape=(n,)).copy()
 
     def logits(self, i: int) -> np.ndarray:
         """The logits at batch position i of the last decode (a view: copy before the next decode)."""

@@ -21,3 +21,4 @@ class ModelParams:
     swa_full: bool
     n_rs_seq: int
     n_gpu_layers: int
+    embeddings: bool = False  # a pooled embedding context (no logits)

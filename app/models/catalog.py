@@ -99,6 +99,7 @@ class Preset(_Strict):
     draft: str | None = None
     context: int = Field(gt=0)
     hardware: Literal["gpu-24gb", "cpu"]
+    embedding: str | None = None  # a catalogue model served for /v1/embeddings
 
 
 class Catalog(_Strict):

@@ -56,6 +56,7 @@ class Selection:
     target: ModelRef
     draft: ModelRef | None
     context: int | None = None
+    embedding: ModelRef | None = None  # an optional embedding model served beside the pair
 
 
 def select(
@@ -76,6 +77,7 @@ def select(
             ModelRef(spec=catalog.models[p.target]),
             ModelRef(spec=catalog.models[p.draft]) if p.draft else None,
             p.context,
+            ModelRef(spec=catalog.models[p.embedding]) if p.embedding else None,
         )
     if name in catalog.models or name.startswith("hf://"):
         return Selection(name, resolve_ref(name, catalog), None)

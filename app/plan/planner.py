@@ -74,6 +74,7 @@ class Plan:
     draft: ModelParams | None
     host_available: int
     warnings: list[str] = field(default_factory=list)
+    embedding: ModelParams | None = None  # the optional embedding model's context
 
     @property
     def used(self) -> int:
@@ -104,6 +105,7 @@ class Plan:
             "terms": [{**asdict(t), "share": t.bytes / self.budget if t.where == "device" else None} for t in self.terms],
             "target": asdict(self.target),
             "draft": asdict(self.draft) if self.draft else None,
+            "embedding": asdict(self.embedding) if self.embedding else None,
             "warnings": self.warnings,
         }
 
@@ -170,9 +172,17 @@ def _shape(info: ModelInfo, c: Candidate, n_rs_seq: int, n_outputs: int) -> M.Co
                            n_rs_seq=n_rs_seq if info.n_recurrent_layers else 0, n_outputs=n_outputs)
 
 
+EMBED_CTX = 8192  # tokens per embedding input at most (one sequence, evaluated in one ubatch)
+
+
+def embedding_shape(info: ModelInfo) -> M.ContextShape:
+    n = min(EMBED_CTX, info.context_length or EMBED_CTX)
+    return M.context_shape(n, 1, "f16", "f16", n_batch=n, n_ubatch=n, flash_attn=True, n_outputs=1)
+
+
 def evaluate(target: ModelInfo, draft: ModelInfo | None, c: Candidate, device: Device, budget: int,
              budget_source: str, reserve: int, margin: int, host_available: int, ctx_wanted: int,
-             buffers: tuple[str, ...] = ("CPU_REPACK",)) -> Plan:
+             buffers: tuple[str, ...] = ("CPU_REPACK",), embedder: ModelInfo | None = None) -> Plan:
     """The full budget for one candidate: every term, and whether it fits."""
     t_ngl = target.n_layers + 1 if c.n_gpu_layers is None else c.n_gpu_layers
     t_cs = _shape(target, c, c.draft_max, c.draft_max + 1)
@@ -183,6 +193,12 @@ def evaluate(target: ModelInfo, draft: ModelInfo | None, c: Candidate, device: D
         terms += _model_terms("draft", draft, d_cs, draft.n_layers + 1 if device == "cuda" else 0, device, buffers)
         d_params = ModelParams(d_cs.n_ctx, d_cs.n_batch, d_cs.n_ubatch, c.parallel, True, c.type_k, c.type_v,
                                True, False, d_cs.n_rs_seq, draft.n_layers + 1 if device == "cuda" else 0)
+    e_params = None
+    if embedder is not None:
+        e_cs, e_ngl = embedding_shape(embedder), embedder.n_layers + 1 if device == "cuda" else 0
+        terms += [t for t in _model_terms("embedding", embedder, e_cs, e_ngl, device, buffers) if "output" not in t.name]
+        e_params = ModelParams(e_cs.n_ctx, e_cs.n_batch, e_cs.n_ubatch, 1, True, "f16", "f16", True, False, 0, e_ngl,
+                               embeddings=True)
     if device == "cuda" and c.n_gpu_layers is not None and c.n_gpu_layers <= target.n_layers:
         terms += _extra_copies("target", target, t_ngl, buffers, "host", "CPU layers")
     terms.append(Term("runtime reserve", reserve, "device", "CUDA context, driver, display" if device == "cuda" else "Python, libraries, server"))
@@ -190,7 +206,7 @@ def evaluate(target: ModelInfo, draft: ModelInfo | None, c: Candidate, device: D
     t_params = ModelParams(t_cs.n_ctx, t_cs.n_batch, t_cs.n_ubatch, c.parallel, True, c.type_k, c.type_v, True,
                            False, t_cs.n_rs_seq, t_ngl if device == "cuda" else 0)
     plan = Plan(device, budget, budget_source, terms, False, c.ctx, ctx_wanted, c.parallel, c.draft_max,
-                t_params, d_params, host_available)
+                t_params, d_params, host_available, embedding=e_params)
     plan.fits = plan.used <= budget and (device == "cpu" or plan.host_used <= host_available)
     return plan
 
@@ -242,7 +258,8 @@ def _budget(req: PlanRequest, hw: Hardware) -> tuple[Device, int, str, int, int]
     return device, budget, source, reserve, margin
 
 
-def make_plan(target: ModelInfo, draft: ModelInfo | None, req: PlanRequest, hw: Hardware, preset_ctx: int | None) -> Plan:
+def make_plan(target: ModelInfo, draft: ModelInfo | None, req: PlanRequest, hw: Hardware, preset_ctx: int | None,
+              embedder: ModelInfo | None = None) -> Plan:
     """The best plan that fits, or a PlanError that says the largest context that does and what to change."""
     device, budget, source, reserve, margin = _budget(req, hw)
     ctx_wanted = req.ctx or preset_ctx or min(target.context_length or 32768, 32768)
@@ -256,7 +273,7 @@ def make_plan(target: ModelInfo, draft: ModelInfo | None, req: PlanRequest, hw: 
     def attempt(ctx: int, ngl: int | None) -> Plan | None:
         for (tk, tv), par, ub, dm in itertools.product(usable_kv, parallel, ubatch, dmax):
             p = evaluate(target, draft, Candidate(ctx, tk, tv, par, ub, dm, ngl), device, budget, source,
-                         reserve, margin, req.ram or hw.ram_available, ctx_wanted, hw.cpu_buffers)
+                         reserve, margin, req.ram or hw.ram_available, ctx_wanted, hw.cpu_buffers, embedder)
             if p.fits:
                 return p
         return None
@@ -277,7 +294,8 @@ def make_plan(target: ModelInfo, draft: ModelInfo | None, req: PlanRequest, hw: 
         plan.warnings.append(f"the preset aims for {ctx_wanted:,} tokens; {largest:,} fit in this budget")
         return _annotate(plan, target, draft)
     worst = evaluate(target, draft, Candidate(ctx_wanted, *usable_kv[-1], parallel[-1], ubatch[-1], dmax[-1], ngl),
-                     device, budget, source, reserve, margin, req.ram or hw.ram_available, ctx_wanted, hw.cpu_buffers)
+                     device, budget, source, reserve, margin, req.ram or hw.ram_available, ctx_wanted, hw.cpu_buffers,
+                     embedder)
     short = worst.used - budget
     what = (f"the largest context that fits is {largest:,} tokens (--ctx {largest})" if largest >= 256
             else "even the weights do not fit")

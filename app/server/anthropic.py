@@ -52,7 +52,7 @@ STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "context": "max_toke
 
 
 class Message(StrictBody):
-    role: Literal["user", "assistant"]
+    role: Literal["user", "assistant", "system"]  # Claude Code sends system messages between the turns
     content: str | list[dict[str, Any]]
 
 
@@ -97,7 +97,7 @@ def add_anthropic_routes(app: FastAPI, settings: ServeSettings, service: Service
     @app.post("/v1/messages")
     async def messages(body: MessagesRequest, request: Request):
         require_ready(service)
-        sampling = _sampling(body)
+        sampling = _sampling(body, service.n_ctx)
         check_model(sampling, service, settings)
         tools = _tools(body, service)
         ids = chat_ids(service, _chat_messages(body), tools, _thinking(body))
@@ -128,8 +128,9 @@ def add_anthropic_routes(app: FastAPI, settings: ServeSettings, service: Service
 
 # -- request -----------------------------------------------------------------------------------
 
-def _sampling(body: MessagesRequest) -> Sampling:
-    return Sampling(model=body.model, max_tokens=body.max_tokens, temperature=body.temperature,
+def _sampling(body: MessagesRequest, n_ctx: int) -> Sampling:
+    """max_tokens is a cap (Claude Code asks 32,000 of any model): what fits the context is generated."""
+    return Sampling(model=body.model, max_tokens=min(body.max_tokens, n_ctx), temperature=body.temperature,
                     top_p=body.top_p or 1.0, top_k=body.top_k or 0, stop=body.stop_sequences, stream=body.stream)
 
 
@@ -166,6 +167,8 @@ def _chat_messages(body: CountRequest) -> list[dict]:
 
 
 def _one_message(m: Message, where: str) -> list[dict]:
+    if m.role == "system":
+        return [{"role": "system", "content": _text_of(m.content, where)}]
     if isinstance(m.content, str):
         return [{"role": m.role, "content": m.content}]
     texts: list[str] = []

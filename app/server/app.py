@@ -26,6 +26,7 @@ from app.server.core import (
     require_ready,
     status_json,
 )
+from app.server.embeddings import add_embedding_routes
 from app.server.errors import ApiError, error_response, validation_error
 from app.server.limits import BodyLimit
 from app.server.llamacpp import add_llamacpp_routes, add_unprefixed_routes
@@ -125,6 +126,7 @@ def create_app(settings: ServeSettings, service: Service) -> FastAPI:
     add_anthropic_routes(app, settings, service, metrics)
     add_responses_routes(app, settings, service, metrics)
     add_llamacpp_routes(app, settings, service, metrics)
+    add_embedding_routes(app, settings, service, metrics)
     add_ollama_routes(app, settings, service, metrics)
     add_unprefixed_routes(app)
     return app

@@ -17,6 +17,7 @@ import psutil
 from fastapi import Request
 
 from app import __version__
+from app.engine.embed import Embedder
 from app.engine.engine import Request as EngineRequest
 from app.engine.engine import SpecParams
 from app.engine.records import RequestRecord, StepRecord
@@ -290,6 +291,7 @@ class Service:
     speculative_default: bool = True
     details: dict = field(default_factory=dict)  # the target's GGUF facts (Ollama's tags / show)
     stats: LiveStats = field(default_factory=LiveStats)  # live figures for /v1/status and the dashboard
+    embedder: Embedder | None = None  # the optional embedding model (/v1/embeddings, /api/embed)
 
     @property
     def fingerprint(self) -> str:

@@ -12,6 +12,7 @@ import time
 
 import uvicorn
 
+from app.engine.embed import Embedder
 from app.engine.loader import Loaded, load
 from app.errors import SpecdeckError
 from app.gguf.info import ModelInfo
@@ -116,10 +117,12 @@ def shutdown(service: Service, loaded: Loaded | None) -> None:
         service.scheduler.stop()
     if loaded is not None:
         loaded.close()
+    if service.embedder is not None:
+        service.embedder.close()
 
 
 def serve(settings: ServeSettings, plan: Plan, target: ModelInfo, draft: ModelInfo | None, threads: int,
-          model_id: str) -> int:
+          model_id: str, embedder: ModelInfo | None = None) -> int:
     settings.check()
     sock = bind_socket(settings.host, settings.port)
     service = build_service(plan, target, draft, model_id)
@@ -131,6 +134,8 @@ def serve(settings: ServeSettings, plan: Plan, target: ModelInfo, draft: ModelIn
     def loader() -> None:
         try:
             state["loaded"] = load(plan, target, draft, threads, adaptive=settings.speculative)
+            if embedder is not None and plan.embedding is not None:
+                service.embedder = Embedder(embedder, plan.embedding, threads)
             attach(service, state["loaded"], settings, app.state.count)
             log.warning("specdeck: models loaded, serving on http://%s:%d", settings.host, settings.port)
             sdnotify.notify(f"READY=1\nSTATUS=serving {model_id} on {settings.host}:{settings.port}")

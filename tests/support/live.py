@@ -8,6 +8,7 @@ import time
 
 import uvicorn
 
+from app.engine.embed import Embedder
 from app.engine.loader import load
 from app.gguf.info import read_model_info
 from app.plan.hardware import detect
@@ -26,11 +27,15 @@ def free_port() -> int:
 class LiveServer:
     """A real uvicorn server in a thread, over a real engine."""
 
-    def __init__(self, target, draft, settings: ServeSettings, parallel=2, ctx=1024):
+    def __init__(self, target, draft, settings: ServeSettings, parallel=2, ctx=1024, embedding=None):
         t, d = read_model_info(target), read_model_info(draft) if draft else None
-        self.plan = make_plan(t, d, PlanRequest(ctx=ctx, ctx_is_user_choice=True, parallel=parallel, draft_max=4), detect(), ctx)
+        e = read_model_info(embedding) if embedding else None
+        self.plan = make_plan(t, d, PlanRequest(ctx=ctx, ctx_is_user_choice=True, parallel=parallel, draft_max=4), detect(),
+                              ctx, e)
         self.loaded = load(self.plan, t, d, 1, adaptive=True)
         self.service = build_service(self.plan, t, d, "tiny")
+        if e is not None:
+            self.service.embedder = Embedder(e, self.plan.embedding, 1)
         self.app = create_app(settings, self.service)
         attach(self.service, self.loaded, settings, self.app.state.count)
         self.port = settings.port
@@ -48,3 +53,5 @@ class LiveServer:
         self.thread.join(10)
         self.service.scheduler.stop()
         self.loaded.close()
+        if self.service.embedder is not None:
+            self.service.embedder.close()
