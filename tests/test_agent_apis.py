@@ -356,3 +356,51 @@ def test_embeddings_openai_and_ollama_from_the_embedding_model(pair, tmp_path):
         assert httpx.post(s.url + "/v1/completions", json={"prompt": "a", "max_tokens": 2}).status_code == 200
     finally:
         s.close()
+
+
+# -- bad input on every new route, in each API's own error shape -------------------------------
+
+LONG = "a " * 3000  # over the tiny server's 1,024-token context
+NEW_ROUTES = {  # route: (a valid body, how to make it too long, how to give it an unknown role)
+    "/v1/messages": ({"model": "x", "max_tokens": 2, "messages": [{"role": "user", "content": "a"}]},
+                     {"messages": [{"role": "user", "content": LONG}]}, {"messages": [{"role": "wizard", "content": "a"}]}),
+    "/v1/messages/count_tokens": ({"model": "x", "messages": [{"role": "user", "content": "a"}]}, None,
+                                  {"messages": [{"role": "tool", "content": "a"}]}),
+    "/v1/responses": ({"model": "x", "input": "a", "max_output_tokens": 2}, {"input": LONG},
+                      {"input": [{"type": "message", "role": "wizard", "content": "a"}]}),
+    "/completion": ({"prompt": "a", "n_predict": 2}, {"prompt": LONG}, None),
+    "/infill": ({"input_prefix": "a", "n_predict": 2}, None, None),
+    "/tokenize": ({"content": "a"}, None, None),
+    "/detokenize": ({"tokens": [5]}, None, None),
+    "/apply-template": ({"messages": [{"role": "user", "content": "a"}]}, None,
+                        {"messages": [{"role": "wizard", "content": "a"}]}),
+    "/v1/embeddings": ({"input": "a"}, None, None),
+    "/api/embed": ({"model": "x", "input": "a"}, None, None),
+}
+
+
+def _shape_ok(path: str, body) -> bool:
+    if path.startswith("/v1/messages"):
+        return body.get("type") == "error" and {"type", "message"} <= set(body["error"])
+    if path.startswith("/api/"):
+        return isinstance(body.get("error"), str)
+    return {"message", "type"} <= set(body.get("error", {}))
+
+
+@pytest.mark.parametrize("path", list(NEW_ROUTES))
+def test_bad_input_on_new_routes_is_a_clear_4xx_in_the_routes_shape(api, path):
+    good, too_long, bad_role = NEW_ROUTES[path]
+    cases = [("malformed JSON", {"content": b'{"a": '}),
+             ("a list body", {"json": [1, 2]}),
+             ("wrong types", {"json": {k: {"x": 1} for k in good}}),
+             ("huge body", {"content": b'{"x": "' + b"a" * (1 << 17) + b'"}'})]
+    if too_long:
+        cases.append(("longer than the context", {"json": {**good, **too_long}}))
+    if bad_role:
+        cases.append(("unknown role", {"json": {**good, **bad_role}}))
+    for name, kwargs in cases:
+        r = httpx.post(api.url + path, headers={**H, "content-type": "application/json"}, timeout=60, **kwargs)
+        assert 400 <= r.status_code < 500 and r.status_code != 404, (name, r.status_code, r.text[:300])
+        assert _shape_ok(path, r.json()), (name, r.text[:300])
+    assert httpx.get(api.url + "/health").json() == {"status": "ok"}
+    assert httpx.post(api.url + "/v1/completions", headers=H, json={"prompt": "a", "max_tokens": 2}, timeout=60).status_code == 200
