@@ -55,7 +55,11 @@ def main() -> int:
             n = next((i for i, (a, b) in enumerate(zip(on, off)) if a.token != b.token), min(len(on), len(off)))
             d = [abs(a.logprob - b.logprob) for a, b in zip(on[:n], off[:n])]
             worst_all = max(worst_all, max(d))
-            parted = "-" if n == min(len(on), len(off)) else str(n)
+            if n == min(len(on), len(off)):
+                parted = "-"
+            else:  # the plain run's top-two gap there: a near-tie flips under batch numerics
+                top = off[n].top_logprobs
+                parted = f"{n} (top-two gap {top[0].logprob - top[1].logprob:.3f})"
             print(f"{p[:44].replace(chr(10), ' '):<44} {n:>6} {max(d):>8.4f} {statistics.median(d):>10.5f}  {parted}")
     finally:
         s.close()
