@@ -228,3 +228,25 @@ def test_serve_lets_the_planner_choose_draft_max_for_a_hybrid_model(standins, mo
     assert plan_for().draft_max == 3
     with pytest.raises(Exception, match="draft_max|draft-max|less than or equal"):
         plan_for("--draft-max", "65")
+
+
+@pytest.mark.real
+def test_embedding_context_terms_match_what_llama_cpp_allocates(tiny, real_pair, gemma_270m):
+    """The embedding model's planned KV and compute buffer against an Embedder's real context (its
+    compute buffer holds a whole ubatch of logits even when pooling: measured, and planned so)."""
+    from app.engine.embed import Embedder
+    from app.llama.measure import capture_llama_log, parse_allocation
+    from app.plan.hardware import detect
+    from app.plan.planner import PlanRequest, make_plan
+
+    for name, path in _models(tiny, real_pair, gemma_270m).items():
+        info = read_model_info(path)
+        plan = make_plan(info, None, PlanRequest(ctx=512, ctx_is_user_choice=True, parallel=1), detect(), 512, info)
+        planned = {t.name: t.bytes for t in plan.terms if t.name.startswith("embedding")}
+        with capture_llama_log() as lines:
+            emb = Embedder(info, plan.embedding, 1)
+            assert emb.embed(emb.tokens("def add(a, b):")).shape == (info.n_embd,)
+            emb.close()
+        got = parse_allocation(lines)
+        assert close(planned["embedding KV cache"], got.total("KV"), 0.03), name
+        assert close(planned["embedding compute buffer"], got.total("compute"), 0.10), name

@@ -29,10 +29,11 @@ from app.commands.common import (
 )
 from app.commands.dashboard import build_snapshot, loading_snapshot, watch
 from app.commands.serve import server_logging
+from app.engine.embed import Embedder
 from app.engine.loader import Loaded
 from app.errors import PairError, SpecdeckError
 from app.gguf.info import ModelInfo, read_model_info
-from app.models.refs import Selection
+from app.models.refs import Selection, resolve_ref
 from app.plan.hardware import Hardware, detect
 from app.plan.planner import Plan, make_plan
 from app.plan.view import render_plan
@@ -77,11 +78,17 @@ class Prepared:
     target: ModelInfo
     draft: ModelInfo | None
     hw: Hardware
+    embedder: ModelInfo | None = None
 
 
 def prepare(args: argparse.Namespace, settings: ServeSettings, steps: Steps, key_file: str | None = None) -> Prepared:
     """Hardware, pull, check, plan: the same functions `pull`, `check` and `plan` run."""
-    from app.commands.common import make_fetcher, plan_request, pull_one
+    from app.commands.common import (
+        catalog_from_args,
+        make_fetcher,
+        plan_request,
+        pull_one,
+    )
     from app.commands.doctor import doctor_subject, failed, machine_checks
 
     with steps.step("detect hardware") as r:
@@ -101,6 +108,8 @@ def prepare(args: argparse.Namespace, settings: ServeSettings, steps: Steps, key
                      f"doctor: {len(checks)} checks, none failed")
     with steps.step("pull and verify") as r:
         roles = [("target", sel.target)] + ([("draft", sel.draft)] if sel.draft and settings.speculative else [])
+        embedding = resolve_ref(args.embedding_model, catalog_from_args(args)) if getattr(args, "embedding_model", None) else sel.embedding
+        roles += [("embedding", embedding)] if embedding is not None else []
         got = {role: pull_one(fetcher, ref) for role, ref in roles}
         r["done"] = "; ".join(f"{role} {g.path.name} ({g.source}, {'hashed now' if g.hashed_now else 'verified earlier'})"
                               for role, g in got.items())
@@ -117,10 +126,11 @@ def prepare(args: argparse.Namespace, settings: ServeSettings, steps: Steps, key
         target = read_model_info(got["target"].path)
         draft = read_model_info(got["draft"].path) if "draft" in got else None
         req = plan_request(args, draft_max=settings.draft_max)
-        plan = make_plan(target, draft, req, hw, sel.context)
+        embedder = read_model_info(got["embedding"].path) if "embedding" in got else None
+        plan = make_plan(target, draft, req, hw, sel.context, embedder)
         steps.console.print(render_plan(plan, sel.name))
         r["done"] = f"context {plan.ctx:,}, {plan.parallel} slot(s), {plan.used / 2**30:.2f} of {plan.budget / 2**30:.2f} GiB"
-    return Prepared(sel.name, plan, target, draft, hw)
+    return Prepared(sel.name, plan, target, draft, hw, embedder)
 
 
 def prompt_ids(tok, messages: list[dict]) -> list[int]:
@@ -206,6 +216,8 @@ def up(args: argparse.Namespace, settings: ServeSettings, console: Console, out:
             with steps.step("serve") as r:
                 service = build_service(prep.plan, prep.target, prep.draft, prep.name)
                 app = create_app(settings, service)
+                if prep.embedder is not None and prep.plan.embedding is not None:
+                    service.embedder = Embedder(prep.embedder, prep.plan.embedding, threads)
                 attach(service, loaded, settings, app.state.count)
                 http = HttpThread(app, sock)
                 http.start()

@@ -172,12 +172,15 @@ def _shape(info: ModelInfo, c: Candidate, n_rs_seq: int, n_outputs: int) -> M.Co
                            n_rs_seq=n_rs_seq if info.n_recurrent_layers else 0, n_outputs=n_outputs)
 
 
-EMBED_CTX = 8192  # tokens per embedding input at most (one sequence, evaluated in one ubatch)
+# tokens per embedding input at most (one sequence, evaluated in one ubatch): a code chunk. llama.cpp
+# reserves the logits of a whole ubatch in the compute buffer even when pooling (measured), so this
+# costs 4 x EMBED_CTX x n_vocab bytes: 0.24 GiB for a BERT vocabulary, 2 GiB for Gemma's.
+EMBED_CTX = 2048
 
 
 def embedding_shape(info: ModelInfo) -> M.ContextShape:
     n = min(EMBED_CTX, info.context_length or EMBED_CTX)
-    return M.context_shape(n, 1, "f16", "f16", n_batch=n, n_ubatch=n, flash_attn=True, n_outputs=1)
+    return M.context_shape(n, 1, "f16", "f16", n_batch=n, n_ubatch=n, flash_attn=True)
 
 
 def evaluate(target: ModelInfo, draft: ModelInfo | None, c: Candidate, device: Device, budget: int,
@@ -196,7 +199,7 @@ def evaluate(target: ModelInfo, draft: ModelInfo | None, c: Candidate, device: D
     e_params = None
     if embedder is not None:
         e_cs, e_ngl = embedding_shape(embedder), embedder.n_layers + 1 if device == "cuda" else 0
-        terms += [t for t in _model_terms("embedding", embedder, e_cs, e_ngl, device, buffers) if "output" not in t.name]
+        terms += [t for t in _model_terms("embedding", embedder, e_cs, e_ngl, device, buffers) if t.bytes]
         e_params = ModelParams(e_cs.n_ctx, e_cs.n_batch, e_cs.n_ubatch, 1, True, "f16", "f16", True, False, 0, e_ngl,
                                embeddings=True)
     if device == "cuda" and c.n_gpu_layers is not None and c.n_gpu_layers <= target.n_layers:
