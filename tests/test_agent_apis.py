@@ -404,3 +404,17 @@ def test_bad_input_on_new_routes_is_a_clear_4xx_in_the_routes_shape(api, path):
         assert _shape_ok(path, r.json()), (name, r.text[:300])
     assert httpx.get(api.url + "/health").json() == {"status": "ok"}
     assert httpx.post(api.url + "/v1/completions", headers=H, json={"prompt": "a", "max_tokens": 2}, timeout=60).status_code == 200
+
+
+def test_ollama_logprobs_chat_and_generate(api):
+    c = httpx.Client(base_url=api.url, headers=H, timeout=60)
+    ask = {"model": "tiny", "options": {"temperature": 0, "num_predict": 6}, "logprobs": True, "top_logprobs": 2}
+    gen = c.post("/api/generate", json={**ask, "prompt": "a b c the", "stream": False, "raw": True}).json()
+    assert len(gen["logprobs"]) == gen["eval_count"] == 6
+    assert all(len(x["top_logprobs"]) == 2 and x["logprob"] <= 0 and x["bytes"] for x in gen["logprobs"])
+    lines = [json.loads(x) for x in c.post("/api/generate", json={**ask, "prompt": "a b c the", "raw": True}).text.splitlines()]
+    assert [x["token"] for line in lines for x in line.get("logprobs", [])] == [x["token"] for x in gen["logprobs"]]
+    chat = c.post("/api/chat", json={**ask, "messages": [{"role": "user", "content": "a b"}], "stream": False}).json()
+    assert len(chat["logprobs"]) == chat["eval_count"]
+    plain = c.post("/api/chat", json={"model": "tiny", "messages": [{"role": "user", "content": "a b"}], "stream": False}).json()
+    assert "logprobs" not in plain

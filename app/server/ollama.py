@@ -15,6 +15,7 @@ from fastapi.responses import StreamingResponse
 from pydantic import Field
 
 from app.engine.records import RequestRecord, StepRecord
+from app.engine.text import Tokenizer
 from app.errors import SpecdeckError
 from app.server.core import (
     Service,
@@ -65,6 +66,8 @@ class GenerateRequest(StrictBody):
     options: Options | None = None
     images: list[str] | None = None
     keep_alive: str | int | None = None
+    logprobs: bool = False
+    top_logprobs: int = Field(0, ge=0, le=20)
 
 
 class ToolCallFunction(StrictBody):
@@ -92,6 +95,8 @@ class ChatRequest(StrictBody):
     options: Options | None = None
     stream: bool = True
     keep_alive: str | int | None = None
+    logprobs: bool = False
+    top_logprobs: int = Field(0, ge=0, le=20)
 
 
 class ShowRequest(StrictBody):
@@ -148,7 +153,7 @@ def add_ollama_routes(app: FastAPI, settings: ServeSettings, service: Service, m
             return {"model": body.model, "created_at": _now(), "response": "", "done": True, "done_reason": "load"}
         require_ready(service)
         ids = _generate_tokens(service, body)
-        sampling = _sampling(body.options, body.stream)
+        sampling = _sampling(body.options, body.stream, body.logprobs, body.top_logprobs)
         grammar = _format_grammar(body.format)
         job = submit(service, settings, metrics, sampling, ids, grammar)
         text = TextStream(lambda t: service.tokenizer.piece_bytes(t), sampling.stops())
@@ -159,10 +164,13 @@ def add_ollama_routes(app: FastAPI, settings: ServeSettings, service: Service, m
 
         if body.stream:
             chunk = lambda delta: {"model": body.model, "created_at": _now(), "response": delta, "done": False}  # noqa: E731
-            return _ndjson(_stream(request, job, text, ToolCallHold(False), chunk, lambda rec, reason, _held: final(rec, reason)))
+            return _ndjson(_stream(request, job, text, ToolCallHold(False), chunk, lambda rec, reason, _held: final(rec, reason),
+                                   service.tokenizer if body.logprobs else None))
         content, rec = await collect(request, job, text)
         out = final(rec, finish_reason(text, rec))
         out["response"] = content
+        if body.logprobs:
+            out["logprobs"] = _logprobs(service.tokenizer, rec.logprobs)
         return out
 
     @app.post("/api/chat")
@@ -183,7 +191,7 @@ def add_ollama_routes(app: FastAPI, settings: ServeSettings, service: Service, m
             ids = service.tokenizer.chat_tokens(messages, [{"type": "function", "function": t} for t in tools])
         except Exception as e:  # noqa: BLE001 - a template that cannot render these messages
             raise ApiError(400, f"cannot render these messages with the model's chat template: {e}") from None
-        sampling = _sampling(body.options, body.stream)
+        sampling = _sampling(body.options, body.stream, body.logprobs, body.top_logprobs)
         job = submit(service, settings, metrics, sampling, ids, _format_grammar(body.format))
         text = TextStream(lambda t: service.tokenizer.piece_bytes(t), sampling.stops())
         names = {t["name"] for t in tools}
@@ -202,11 +210,15 @@ def add_ollama_routes(app: FastAPI, settings: ServeSettings, service: Service, m
         if body.stream:
             chunk = lambda delta: {"model": body.model, "created_at": _now(),  # noqa: E731
                                    "message": {"role": "assistant", "content": delta}, "done": False}
-            return _ndjson(_stream(request, job, text, ToolCallHold(bool(tools)), chunk, final))
+            return _ndjson(_stream(request, job, text, ToolCallHold(bool(tools)), chunk, final,
+                                   service.tokenizer if body.logprobs else None))
         content, rec = await collect(request, job, text)
         content, calls = parse_tool_calls(content, names) if tools else (content, [])
-        return {"model": body.model, "created_at": _now(), "message": message(content or "", calls), "done": True,
-                "done_reason": finish_reason(text, rec), **_durations(rec)}
+        out = {"model": body.model, "created_at": _now(), "message": message(content or "", calls), "done": True,
+               "done_reason": finish_reason(text, rec), **_durations(rec)}
+        if body.logprobs:
+            out["logprobs"] = _logprobs(service.tokenizer, rec.logprobs)
+        return out
 
 
 # -- helpers --------------------------------------------------------------------------------------
@@ -256,7 +268,7 @@ def _has_fim(service: Service) -> bool:
                int(llama_cpp.llama_vocab_fim_mid(v))) >= 0
 
 
-def _sampling(options: Options | None, stream: bool) -> Sampling:
+def _sampling(options: Options | None, stream: bool, logprobs: bool = False, top: int = 0) -> Sampling:
     """Ollama's options as the OpenAI routes' sampling body (Ollama's defaults where left out)."""
     o = options or Options()
     pick = lambda name: getattr(o, name) if getattr(o, name) is not None else DEFAULTS[name]  # noqa: E731
@@ -264,7 +276,7 @@ def _sampling(options: Options | None, stream: bool) -> Sampling:
     return Sampling(max_tokens=n if n is not None and n > 0 else None, temperature=pick("temperature"),
                     top_k=pick("top_k"), top_p=pick("top_p"), min_p=pick("min_p"), repeat_penalty=pick("repeat_penalty"),
                     presence_penalty=o.presence_penalty or 0.0, frequency_penalty=o.frequency_penalty or 0.0,
-                    seed=o.seed, stop=o.stop, stream=stream)
+                    seed=o.seed, stop=o.stop, stream=stream, logprobs=logprobs or None, top_logprobs=top)
 
 
 def _format_grammar(fmt: str | dict | None) -> str | None:
@@ -323,15 +335,29 @@ def _ndjson(lines: AsyncIterator[dict]) -> StreamingResponse:
     return StreamingResponse(body(), media_type="application/x-ndjson")
 
 
+def _logprobs(tok: Tokenizer, lps: list) -> list[dict]:
+    """Ollama's logprobs: token, logprob, bytes and top_logprobs per generated token."""
+    def entry(t: int, lp: float) -> dict:
+        b = tok.piece_bytes(t)
+        return {"token": b.decode("utf-8", errors="replace"), "logprob": lp, "bytes": list(b)}
+
+    return [{**entry(x.token, x.logprob), "top_logprobs": [entry(t, lp) for t, lp in x.top]} for x in lps]
+
+
 async def _stream(request: Request, job, text: TextStream, hold: ToolCallHold, chunk: Callable[[str], dict],
-                  final: Callable[[RequestRecord, str, str], dict]) -> AsyncIterator[dict]:
+                  final: Callable[[RequestRecord, str, str], dict], lp_tok: Tokenizer | None = None) -> AsyncIterator[dict]:
+    pending: list = []  # log-probabilities of tokens whose text has not gone out yet
     async for event in events(request, job):
         if isinstance(event, StepRecord):
+            pending += event.logprobs or []
             delta = hold.push(text.push(event.tokens))
             if text.stopped:
                 job.cancel()
             if delta:
-                yield chunk(delta)
+                obj = chunk(delta)
+                if lp_tok is not None:
+                    obj["logprobs"], pending = _logprobs(lp_tok, pending), []
+                yield obj
         elif isinstance(event, Failed):
             yield {"error": event.message}
             return
@@ -339,4 +365,7 @@ async def _stream(request: Request, job, text: TextStream, hold: ToolCallHold, c
             tail = hold.push(text.flush())
             if tail:
                 yield chunk(tail)
-            yield final(event.record, finish_reason(text, event.record), hold.held)
+            last = final(event.record, finish_reason(text, event.record), hold.held)
+            if lp_tok is not None and pending:
+                last["logprobs"] = _logprobs(lp_tok, pending)
+            yield last
