@@ -202,6 +202,9 @@ def test_llamacpp_completion_tokenize_props_slots(api):
                                                                            "temperature": 0, "stream": True}).text.splitlines()
               if line.startswith("data: ")]
     assert chunks[-1]["stop"] is True and "".join(ch["content"] for ch in chunks) == r["content"]
+    assert [t for ch in chunks[:-1] for t in ch["tokens"]] == r["tokens"]  # ids in every chunk, as llama-server
+    n = c.post("/v1/chat/completions/input_tokens", json={"messages": [{"role": "user", "content": "hi"}]}).json()
+    assert n["input_tokens"] == len(c.post("/tokenize", json={"content": "<|user|>hi<|assistant|>", "add_special": True}).json()["tokens"])
     assert c.post("/completions", json={"prompt": "a b c the", "n_predict": 6, "temperature": 0}).json()["content"] == r["content"]
     props = c.get("/props").json()
     assert props["default_generation_settings"]["n_ctx"] == 1024 and props["total_slots"] == 2

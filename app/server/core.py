@@ -136,7 +136,7 @@ def engine_request(body: Sampling, ids: list[int], service: Service, settings: S
 def timings(rec: RequestRecord) -> dict:
     gen = len(rec.completion)
     return {
-        "prompt_n": rec.prompt_tokens - rec.reused_tokens, "prompt_cached": rec.reused_tokens,
+        "prompt_n": rec.prompt_tokens - rec.reused_tokens, "prompt_cached": rec.reused_tokens, "cache_n": rec.reused_tokens,
         "prompt_ms": rec.t_prompt * 1e3, "prompt_per_second": rec.prompt_tps,
         "predicted_n": gen, "predicted_ms": rec.t_generate * 1e3, "predicted_per_second": rec.generation_tps,
         "ttft_ms": rec.ttft * 1e3, "draft_n": rec.drafted, "draft_n_accepted": rec.accepted,

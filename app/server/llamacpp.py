@@ -258,7 +258,7 @@ async def _stream(request: Request, job: Job, text: TextStream, budget: _Budget,
             if text.stopped or budget.over(delta):
                 job.cancel()
             sent.append(delta)
-            chunk = {"content": delta, "tokens": event.tokens if body.return_tokens else [], "stop": False,
+            chunk = {"content": delta, "tokens": event.tokens, "stop": False,  # llama-server sends them in every chunk
                      "id_slot": 0, "index": 0}
             if body.n_probs:
                 chunk["completion_probabilities"] = _probs(service.tokenizer, event.logprobs or [])
@@ -289,7 +289,7 @@ def _props(service: Service, settings: ServeSettings) -> dict:
     tok = service.tokenizer
     return {"default_generation_settings": {**_generation_settings(None, service), "params": _generation_settings(None, service)},
             "total_slots": len(service.scheduler.engine.slots), "model_alias": service.model_id,
-            "model_path": str(service.details.get("path", "")), "modalities": {"vision": False, "audio": False},
+            "model_path": str(service.models.get("target") or ""), "modalities": {"vision": False, "audio": False},
             "endpoint_slots": settings.slots_endpoint, "endpoint_props": True, "endpoint_metrics": True,
             "chat_template": tok.chat_template or "", "chat_template_caps": {"supports_tools": tok.supports_tools},
             "bos_token": tok.piece(tok.bos), "eos_token": tok.piece(tok.eos),
@@ -310,6 +310,7 @@ def add_unprefixed_routes(app: FastAPI) -> None:
     """llama-server also answers the OpenAI routes without `/v1`: the same handlers, other paths."""
     for route in list(app.router.routes):
         path = getattr(route, "path", "")
-        if path in ("/v1/chat/completions", "/v1/models", "/v1/embeddings", "/v1/responses"):
+        if path in ("/v1/chat/completions", "/v1/chat/completions/input_tokens", "/v1/models", "/v1/embeddings",
+                    "/v1/responses"):
             app.add_api_route(path[3:], route.endpoint, methods=list(route.methods))
 

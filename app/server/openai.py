@@ -61,6 +61,12 @@ def add_openai_routes(app: FastAPI, settings: ServeSettings, service: Service, m
         grammar = _grammar(body, service, _forced_tools(body, tools))
         return await _generate(request, service, settings, metrics, body, ids, "chat", grammar, tools)
 
+    @app.post("/v1/chat/completions/input_tokens")
+    async def chat_input_tokens(body: ChatRequest):
+        """llama-server's count of a chat request's prompt tokens, through the model's template."""
+        require_ready(service)
+        return {"input_tokens": len(chat_ids(service, _chat_messages(body), _active_tools(body, service.tokenizer)))}
+
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
         require_ready(service)

@@ -72,7 +72,10 @@ class Job:
     quiet: bool = False
 
     def send(self, event) -> None:
-        self.loop.call_soon_threadsafe(self.events.put_nowait, event)
+        try:
+            self.loop.call_soon_threadsafe(self.events.put_nowait, event)
+        except RuntimeError:  # the event loop is closed (shutting down): nobody is left to tell
+            self.cancel()
 
     def cancel(self) -> None:
         self.cancelled.set()
