@@ -162,9 +162,11 @@ if [ "$BUILD" = "cuda" ]; then
     say "CUDA toolkit: $NVCC (PyPI: $CUDA_PYPI_PINS)"
   fi
   export CUDACXX="$NVCC" CUDA_HOME="$(dirname "$(dirname "$NVCC")")" CUDAToolkit_ROOT="$(dirname "$(dirname "$NVCC")")"
-  if [ -z "$CUDA_ARCH" ]; then
-    CUDA_ARCH="$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -n 1 | tr -d ' .')"
-    [ -n "$CUDA_ARCH" ] || die "could not read the GPU's compute capability with nvidia-smi (set CUDA_ARCH, e.g. CUDA_ARCH=86)"
+  if [ -z "$CUDA_ARCH" ]; then  # the card's compute capability from NVML (pynvml), else nvidia-smi
+    "$VPY" -m pip install --quiet "nvidia-ml-py==13.615.71"
+    CUDA_ARCH="$("$VPY" -c 'import pynvml; pynvml.nvmlInit(); print("%d%d" % pynvml.nvmlDeviceGetCudaComputeCapability(pynvml.nvmlDeviceGetHandleByIndex(0)))' 2>/dev/null || true)"
+    [ -n "$CUDA_ARCH" ] || CUDA_ARCH="$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -n 1 | tr -d ' .')"
+    [ -n "$CUDA_ARCH" ] || die "could not read the GPU's compute capability with pynvml or nvidia-smi (set CUDA_ARCH, e.g. CUDA_ARCH=86)"
   fi
   say "llama-cpp-python: CUDA build for sm_$CUDA_ARCH (GPU: $(nvidia-smi -L 2>/dev/null | head -n 1 || echo 'none here'))"
 else
