@@ -213,6 +213,8 @@ def test_llamacpp_completion_tokenize_props_slots(api):
     assert slots.status_code == 501 and "--slots" in slots.json()["error"]["message"]
     assert c.post("/apply-template", json={"messages": [{"role": "user", "content": "hi"}]}).json()["prompt"] == \
         "<|user|>hi<|assistant|>"  # (the template's new line is trimmed by Jinja's trim_blocks, as in HF)
+    assert c.post("/apply-template", json={"messages": [{"role": "user", "content": "hi"}],
+                                           "add_generation_prompt": False}).json()["prompt"] == "<|user|>hi"
     for path in ("/chat/completions", "/models"):  # llama-server also serves these without /v1
         r = c.post(path, json={"messages": [{"role": "user", "content": "a"}], "max_tokens": 2}) if "chat" in path else c.get(path)
         assert r.status_code == 200, (path, r.text)

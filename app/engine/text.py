@@ -50,12 +50,17 @@ class Tokenizer:
     def decode(self, tokens: list[int]) -> str:
         return b"".join(self.piece_bytes(t) for t in tokens).decode("utf-8", errors="replace")
 
-    def render_chat(self, messages: list[dict], tools: list[dict] | None = None, thinking: bool | None = None) -> str:
-        """`thinking` switches a template's thinking mode (its `enable_thinking` variable), where it has one."""
+    def render_chat(self, messages: list[dict], tools: list[dict] | None = None, thinking: bool | None = None,
+                    generation_prompt: bool = True) -> str:
+        """`thinking` switches a template's thinking mode (its `enable_thinking` variable), where it has one;
+        `generation_prompt` False leaves out the assistant turn's opening (llama-server's /apply-template)."""
         if self._formatter is None:
             raise SpecdeckError("this model has no chat template: send a plain prompt instead of messages")
         extra = {"enable_thinking": thinking} if thinking is not None and self.has_thinking_mode else {}
-        return self._formatter(messages=messages, tools=tools or None, **extra).prompt
+        fmt = self._formatter
+        if not generation_prompt:
+            fmt = Jinja2ChatFormatter(self.chat_template, self.piece(self.eos), self.piece(self.bos), add_generation_prompt=False)
+        return fmt(messages=messages, tools=tools or None, **extra).prompt
 
     @property
     def has_thinking_mode(self) -> bool:

@@ -85,6 +85,7 @@ class DetokenizeBody(StrictBody):
 
 class TemplateBody(StrictBody):
     messages: list[ChatMessage] = Field(min_length=1)
+    add_generation_prompt: bool = True
 
 
 def add_llamacpp_routes(app: FastAPI, settings: ServeSettings, service: Service, metrics: Metrics) -> None:
@@ -124,7 +125,7 @@ def add_llamacpp_routes(app: FastAPI, settings: ServeSettings, service: Service,
         require_ready(service)
         messages = [{"role": m.role, "content": m.text()} for m in body.messages]
         try:
-            return {"prompt": service.tokenizer.render_chat(messages)}
+            return {"prompt": service.tokenizer.render_chat(messages, generation_prompt=body.add_generation_prompt)}
         except SpecdeckError as e:
             raise ApiError(400, e.message, param="messages") from None
         except Exception as e:  # noqa: BLE001 - a template that cannot render these messages
