@@ -53,6 +53,13 @@ def check_model(body: Sampling, service: Service, settings: ServeSettings) -> No
                        "model", code="model_not_found")
 
 
+def check_vocab(ids: list[int], n_vocab: int, param: str) -> None:
+    """Token ids a client sent must be in the vocabulary (400 naming the first that is not)."""
+    bad = next((t for t in ids if not 0 <= t < n_vocab), None)
+    if bad is not None:
+        raise ApiError(400, f"token id {bad} is outside the vocabulary", param=param)
+
+
 def context_error(n_prompt: int, n_ctx: int, param: str = "messages") -> ApiError:
     """A prompt that does not fit: llama-server's error type and OpenAI's code, with both sizes, so an
     agent can trim its history and retry."""

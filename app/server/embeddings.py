@@ -13,7 +13,7 @@ from fastapi import FastAPI
 from pydantic import Field
 
 from app.engine.embed import Embedder, InputTooLong
-from app.server.core import Service, require_ready
+from app.server.core import Service, check_vocab, require_ready
 from app.server.errors import ApiError
 from app.server.metrics import Metrics
 from app.server.schemas import StrictBody
@@ -81,9 +81,7 @@ def _inputs(given, emb: Embedder) -> list[list[int]]:
     if not items or len(items) > MAX_INPUTS:
         raise ApiError(400, f"input must hold 1 to {MAX_INPUTS} items", param="input")
     for ids in items:
-        bad = [t for t in ids if not 0 <= t < emb.tokenizer.model.n_vocab]
-        if bad:
-            raise ApiError(400, f"token id {bad[0]} is outside the vocabulary", param="input")
+        check_vocab(ids, emb.tokenizer.model.n_vocab, "input")
         _fit(ids, emb, truncate=False)
     return items
 

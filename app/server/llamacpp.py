@@ -22,6 +22,7 @@ from app.engine.text import Tokenizer
 from app.errors import SpecdeckError
 from app.server.core import (
     Service,
+    check_vocab,
     events,
     fim_tokens,
     require_ready,
@@ -115,9 +116,7 @@ def add_llamacpp_routes(app: FastAPI, settings: ServeSettings, service: Service,
     async def detokenize(body: DetokenizeBody):
         require_ready(service)
         tok = service.tokenizer
-        bad = [t for t in body.tokens if not 0 <= t < tok.model.n_vocab]
-        if bad:
-            raise ApiError(400, f"token id {bad[0]} is outside the vocabulary", param="tokens")
+        check_vocab(body.tokens, tok.model.n_vocab, "tokens")
         return {"content": tok.decode(body.tokens)}
 
     @app.post("/apply-template")
@@ -163,8 +162,7 @@ def _prompt_tokens(tok: Tokenizer, prompt: str | list[int | str]) -> list[int]:
     ids: list[int] = []
     for i, part in enumerate(prompt):
         if isinstance(part, int):
-            if not 0 <= part < tok.model.n_vocab:
-                raise ApiError(400, f"token id {part} is outside the vocabulary", param="prompt")
+            check_vocab([part], tok.model.n_vocab, "prompt")
             ids.append(part)
         else:
             ids += tok.encode(part, add_special=i == 0)
@@ -207,7 +205,7 @@ class _Budget:
         return self.hit
 
 
-def _final(body: NativeSampling, service: Service, ids: list[int], rec: RequestRecord, text: TextStream,
+def _final(body: NativeSampling, service: Service, rec: RequestRecord, text: TextStream,
            budget: _Budget, content: str) -> dict:
     stop_type = "word" if text.stopped else "limit" if budget.hit else STOP_TYPES.get(rec.finish_reason or "stop", "none")
     out = {"content": content, "id_slot": 0, "stop": True, "model": service.model_id,
@@ -246,7 +244,7 @@ async def _native(request: Request, service: Service, settings: ServeSettings, m
     if rec is None:
         raise ApiError(499, "client closed the request")
     parts.append(text.flush())
-    return _final(body, service, ids, rec, text, budget, "".join(parts))
+    return _final(body, service, rec, text, budget, "".join(parts))
 
 
 async def _stream(request: Request, job: Job, text: TextStream, budget: _Budget, body: NativeSampling,
@@ -269,7 +267,7 @@ async def _stream(request: Request, job: Job, text: TextStream, budget: _Budget,
             return
         elif isinstance(event, Done):
             tail = text.flush()
-            final = _final(body, service, ids, event.record, text, budget, tail)
+            final = _final(body, service, event.record, text, budget, tail)
             final.pop("completion_probabilities", None)
             final["tokens"] = []
             yield sse(final)

@@ -20,6 +20,7 @@ from app.server.core import (
     Service,
     chat_ids,
     check_model,
+    check_vocab,
     collect,
     events,
     fim_tokens,
@@ -184,9 +185,7 @@ def _format_grammar(kind: str, what) -> str | None:
 def _completion_tokens(tok: Tokenizer, body: CompletionRequest) -> list[int]:
     prompt = body.prompt
     if isinstance(prompt, list) and prompt and all(isinstance(x, int) for x in prompt):
-        bad = [x for x in prompt if not 0 <= x < tok.model.n_vocab]
-        if bad:
-            raise ApiError(400, f"token id {bad[0]} is outside the vocabulary", param="prompt")
+        check_vocab(prompt, tok.model.n_vocab, "prompt")
         return list(prompt)
     if isinstance(prompt, list):
         if len(prompt) > 1:
