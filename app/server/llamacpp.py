@@ -227,7 +227,7 @@ async def _native(request: Request, service: Service, settings: ServeSettings, m
                  quiet=False if body.t_max_predict_ms else None)
     text, budget = TextStream(lambda t: service.tokenizer.piece_bytes(t), body.stops()), _Budget(body.t_max_predict_ms)
     if body.stream:
-        return StreamingResponse(_stream(request, job, text, budget, body, service, ids), media_type="text/event-stream",
+        return StreamingResponse(_stream(request, job, text, budget, body, service), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache"})
     parts, rec = [], None
     async for event in events(request, job):
@@ -248,7 +248,7 @@ async def _native(request: Request, service: Service, settings: ServeSettings, m
 
 
 async def _stream(request: Request, job: Job, text: TextStream, budget: _Budget, body: NativeSampling,
-                  service: Service, ids: list[int]) -> AsyncIterator[bytes]:
+                  service: Service) -> AsyncIterator[bytes]:
     sse = lambda obj: f"data: {json.dumps(obj)}\n\n".encode()  # noqa: E731
     sent = []
     async for event in events(request, job):
