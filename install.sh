@@ -6,7 +6,7 @@
 #                              otherwise). The build must pass a smoke decode before this says done:
 #                              one that dies by a signal (SIGILL) is rebuilt without AMX, then as a
 #                              portable AVX2 build (see app/build/ladder.py)
-#   bash install.sh --test     also install the test extras
+#   bash install.sh --test     also install the test extras, and promtool for the alert rules' tests
 #   options: --cpu | --cuda    force the llama-cpp-python build
 #            --rebuild         forget cached wheels and remembered failures for this CPU
 #            --venv DIR        where the environment goes (default: .venv next to this script)
@@ -185,6 +185,14 @@ PYTHONPATH="$HERE" "$VPY" -m app.build.ladder --python "$VPY" --kind "$BUILD" \
 STEP="install specdeck"
 say "installing specdeck$EXTRAS into $VENV"
 "$VPY" -m pip install --quiet -e "$HERE$EXTRAS"
+if [ -n "$EXTRAS" ]; then
+  STEP="fetch promtool (tests/test_prometheus_rules.py checks deploy/prometheus/ with it)"
+  if PROMTOOL="$(bash "$HERE/scripts/promtool.sh")"; then
+    say "promtool: $PROMTOOL ($("$PROMTOOL" --version 2>&1 | sed -n 1p))"
+  else
+    printf '  warning: %s\n' "no promtool (see the line above): tests/test_prometheus_rules.py fails until bash scripts/promtool.sh gets one"
+  fi
+fi
 
 STEP="check the installation"
 installed_build() {

@@ -18,9 +18,11 @@ from app.commands.doctor import cmd_doctor
 from app.commands.equivalence import cmd_verify
 from app.commands.plan import cmd_plan
 from app.commands.pull import cmd_models, cmd_pull
-from app.commands.serve import cmd_serve
-from app.commands.up import cmd_run, cmd_up
+from app.commands.revision import cmd_config_history, cmd_rollback, cmd_serve, cmd_up
+from app.commands.up import cmd_run
+from app.commands.validate import cmd_validate
 from app.errors import SpecdeckError
+from app.ops.alerts import AlertSettings
 from app.plan.planner import PlanRequest
 from app.server.settings import ServeSettings
 from app.settings import add_flags
@@ -50,6 +52,13 @@ def _add_serve_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, help="CPU threads (default: physical cores)")
     p.add_argument("--embedding-model", help="serve /v1/embeddings and /api/embed from this model (catalogue name, "
                                              "hf:// URI or GGUF path; default: the preset's, if it names one)")
+    add_flags(p, AlertSettings, AlertSettings.FLAGS, prefix="alert")
+
+
+def _add_start_flags(p: argparse.ArgumentParser) -> None:
+    """serve and up: a start is a recorded revision; one that fails falls back to the last good one."""
+    p.add_argument("--no-fallback", action="store_true",
+                   help="if this start fails, exit instead of starting the last good revision")
 
 
 
@@ -66,6 +75,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     p = sub.add_parser("models", help="list presets and models, and what is on disk")
+    p.add_argument("--prune", action="store_true", help="remove model files no good revision uses (see `specdeck config history`)")
+    p.add_argument("--dry-run", action="store_true", help="with --prune: list what would be removed, remove nothing")
     p.set_defaults(func=cmd_models)
 
     p = sub.add_parser("pull", help="download and verify a preset's models (or one model)")
@@ -124,16 +135,45 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("serve", help="serve the pair behind an OpenAI-compatible API")
     _add_selection(p)
     _add_serve_flags(p)
+    _add_start_flags(p)
     p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("up", help="pull, verify, check, plan, load, warm up and serve, with a live dashboard")
     _add_selection(p)
     _add_serve_flags(p)
+    _add_start_flags(p)
     p.add_argument("--offline", action="store_true", help="use only what is on disk (as HF_HUB_OFFLINE=1)")
     p.add_argument("--verify", action="store_true", help="re-hash every model file even if it was verified before")
     p.add_argument("--interval", type=float, default=1.0, help="dashboard refresh, seconds (default 1)")
     p.add_argument("--log-interval", type=float, default=10.0, help="seconds between status lines when stdout is not a terminal")
     p.set_defaults(func=cmd_up)
+
+    p = sub.add_parser("validate", help="the go-live checklist: smoke, speed with speculation on and off, equivalence, "
+                                        "TTFT, throughput, long context, soak; save or compare a baseline")
+    _add_selection(p)
+    _add_serve_flags(p)
+    p.add_argument("--url", help="validate a running server instead of starting one (API key from SPECDECK_API_KEY)")
+    p.add_argument("--save-baseline", action="store_true", help="record this run as the preset's baseline")
+    p.add_argument("--compare", nargs="?", const="", metavar="BASELINE",
+                   help="compare with a baseline (default: the preset's saved one); exit 1 on a regression")
+    p.add_argument("--tolerance", action="append", metavar="NAME=VALUE",
+                   help="change a tolerance: tokens_per_second, acceptance, ttft, memory, errors (e.g. ttft=40%%)")
+    p.add_argument("--soak", type=float, default=0.0, metavar="MIN", help="also run MIN minutes of mixed load (default off)")
+    p.add_argument("--decode-tokens", type=int, default=64, help="tokens per fixed-length generation (default 64)")
+    p.add_argument("--repeats", type=int, default=2, help="ABBA rounds per prompt for the speed checks (default 2)")
+    p.add_argument("--context-margin", type=int, default=256, help="tokens the long document leaves free (default 256)")
+    p.add_argument("--json", action="store_true", help="print the result as one JSON object")
+    p.set_defaults(func=cmd_validate)
+
+    p = sub.add_parser("config", help="configuration revisions: `specdeck config history`")
+    csub = p.add_subparsers(dest="config_command", required=True, parser_class=_Parser)
+    h = csub.add_parser("history", help="every recorded revision: status, configuration, last failure")
+    h.add_argument("--json", action="store_true", help="print the revisions as one JSON object")
+    h.set_defaults(func=cmd_config_history)
+
+    p = sub.add_parser("rollback", help="start a recorded revision (default: the last good one before the current)")
+    p.add_argument("revision", nargs="?", type=int, help="the revision number (see `specdeck config history`)")
+    p.set_defaults(func=cmd_rollback)
 
     p = sub.add_parser("dash", help="the live dashboard of a running server (from its /v1/status and /metrics)")
     p.add_argument("--url", default="http://127.0.0.1:8000", help="the server (default http://127.0.0.1:8000); API key from SPECDECK_API_KEY")

@@ -55,6 +55,11 @@ class Paths(BaseSettings):
         return self.home / "headers"
 
     @property
+    def state(self) -> Path:
+        """Configuration revisions and validation baselines."""
+        return self.home / "state"
+
+    @property
     def log_dir(self) -> Path:
         return self.home / "logs"
 
@@ -101,27 +106,31 @@ def _flag_type(annotation) -> type:
     return annotation if annotation in (int, float, str, bool) else str
 
 
-def add_flags(parser: argparse.ArgumentParser, model: type[BaseModel], names: Sequence[str]) -> None:
-    """Add `--field-name` flags for these fields of `model`. A flag not given leaves None, so the
-    config file, the environment and the field's default apply (see `given`)."""
+def add_flags(parser: argparse.ArgumentParser, model: type[BaseModel], names: Sequence[str], prefix: str = "") -> None:
+    """Add `--field-name` flags for these fields of `model` (`--<prefix>-field-name` with a prefix).
+    A flag not given leaves None, so the config file, the environment and the field's default apply
+    (see `given`)."""
     for name in names:
         field = model.model_fields[name]
         extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
-        flag = str(extra.get("flag") or "--" + name.replace("_", "-"))
+        flag = str(extra.get("flag") or "--" + (prefix + "_" + name if prefix else name).replace("_", "-"))
         kind = _flag_type(field.annotation)
         default = field.get_default(call_default_factory=False)
         unset = default is PydanticUndefined or default in (None, [], False)
         shown = "" if unset or kind is bool else f" (default {default})"
         metavar = flag.lstrip("-").upper().replace("-", "_")
+        dest = prefix + "_" + name if prefix else name
         help_ = str(extra.get("help") or field.description or name) + shown
         if kind is bool:
-            parser.add_argument(flag, dest=name, action="store_const", const=not extra.get("negate"), default=None, help=help_)
+            parser.add_argument(flag, dest=dest, action="store_const", const=not extra.get("negate"), default=None, help=help_)
         elif kind is list:
-            parser.add_argument(flag, dest=name, action="append", default=None, metavar=metavar, help=help_ + " (repeatable)")
+            parser.add_argument(flag, dest=dest, action="append", default=None, metavar=metavar, help=help_ + " (repeatable)")
         else:
-            parser.add_argument(flag, dest=name, type=kind, default=None, metavar=metavar, help=help_)
+            parser.add_argument(flag, dest=dest, type=kind, default=None, metavar=metavar, help=help_)
 
 
-def given(args: argparse.Namespace, model: type[BaseModel]) -> dict:
-    """The flags of `model`'s fields that the user gave."""
-    return {k: v for k, v in vars(args).items() if k in model.model_fields and v is not None}
+def given(args: argparse.Namespace, model: type[BaseModel], prefix: str = "") -> dict:
+    """The flags of `model`'s fields that the user gave (added with this `prefix`)."""
+    lead = prefix + "_" if prefix else ""
+    return {k[len(lead):]: v for k, v in vars(args).items()
+            if k.startswith(lead) and k[len(lead):] in model.model_fields and v is not None}

@@ -17,7 +17,8 @@ ALLOWED = {
     "models": {"errors", "gguf", "settings", "units"},
     "plan": {"errors", "gguf", "build", "llama", "units"},
     "engine": {"errors", "gguf", "plan", "llama", "units"},
-    "server": {"errors", "gguf", "plan", "llama", "engine", "models", "units", "settings"},
+    "ops": {"errors", "settings", "units"},
+    "server": {"errors", "gguf", "plan", "llama", "engine", "models", "units", "settings", "ops"},
 }
 
 

@@ -78,12 +78,12 @@ def test_up_real_pair_in_tmux_dashboard_request_ctrl_c(real_pair, tmp_path):
         lines = screen.rstrip("\n").split("\n")
         assert len(lines) <= 24 and all(len(line) <= 80 for line in lines)
         assert "qwen2.5-coder-1.5b-instruct-q4_k_m" in screen and "ctx 1,024" in screen
-        assert "0 done" in screen and "0 tokens out" in screen
+        assert "1 done" in screen and "8 tokens out" in screen  # the start-up smoke request (8 tokens)
         client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=120)
         r = client.chat.completions.create(model="coder-1.5b", max_tokens=16, temperature=0,
                                            messages=[{"role": "user", "content": "Write a Python hello world."}])
         assert r.usage.completion_tokens == 16
-        moved = wait_for(lambda: (s := tmux.screen()) and "1 done" in s and "16 tokens out" in s and s, 15)
+        moved = wait_for(lambda: (s := tmux.screen()) and "2 done" in s and "24 tokens out" in s and s, 15)
         assert moved, f"counters did not move:\n{tmux.screen()}"
         assert "TTFT - s last" not in moved and "last request -" not in moved  # the request's figures are shown
         tmux.keys("C-c")
@@ -157,7 +157,7 @@ def test_up_not_a_tty_logs_lines_and_sigterm_stops_it_cleanly(tiny, tmp_path):
         p.kill()
     assert p.returncode == 0, err
     lines = [line for line in out.splitlines() if line.startswith("specdeck: tok/s")]
-    assert lines and "done 1" in lines[-1] and "tokens_out 5" in lines[-1]
+    assert lines and "done 2" in lines[-1] and "tokens_out 13" in lines[-1]  # the start-up smoke (8 tokens), then ours
     assert "[7/7] serve" in err and "stopped cleanly" in err and "Traceback" not in err
 
 
@@ -191,6 +191,7 @@ def test_serve_under_systemd_notify_and_watchdog_then_dash_url(tiny, tmp_path):
         while not any("READY=1" in m for m in got) or sum("WATCHDOG=1" in m for m in got) < 2:
             got.append(listener.recv(4096).decode())
         assert any(m.startswith("STATUS=loading") for m in got)
+        assert any("READY=1" in m and "revision 1" in m for m in got)  # systemctl status shows the revision
         assert _get(f"http://127.0.0.1:{port}/health") == 200
         OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="k3y", max_retries=0).completions.create(
             model="custom", prompt="a b c", max_tokens=7, temperature=0)
@@ -198,10 +199,10 @@ def test_serve_under_systemd_notify_and_watchdog_then_dash_url(tiny, tmp_path):
         assert no_key.returncode == 1 and "wants an API key" in no_key.stderr and "Traceback" not in no_key.stderr
         r = run_cli("dash", "--url", f"http://127.0.0.1:{port}", "--once", env={"SPECDECK_API_KEY": "k3y", "COLUMNS": "80"})
         assert r.returncode == 0, r.stderr
-        assert "target.gguf" not in r.stdout and "target " in r.stdout and "1 done" in r.stdout and "7 tokens out" in r.stdout
+        assert "target.gguf" not in r.stdout and "target " in r.stdout and "2 done" in r.stdout and "15 tokens out" in r.stdout
         assert all(len(line) <= 80 for line in r.stdout.splitlines())
         r = run_cli("dash", "--url", f"http://127.0.0.1:{port}", "--once", "--log", env={"SPECDECK_API_KEY": "k3y"})
-        assert r.stdout.startswith("specdeck: tok/s") and "tokens_out 7" in r.stdout
+        assert r.stdout.startswith("specdeck: tok/s") and "tokens_out 15" in r.stdout
         p.terminate()
         p.communicate(timeout=30)
         assert p.returncode == 0  # SIGTERM (systemctl stop): graceful shutdown, cleanup, exit 0

@@ -94,6 +94,15 @@ def serve_settings(args: argparse.Namespace, key_file: str | None = None, check:
     return settings
 
 
+def alert_settings(args: argparse.Namespace):
+    """Alert thresholds: the config file's [alerts] table, then SPECDECK_ALERT_*, then --alert-* flags."""
+    from app.ops.alerts import AlertSettings
+    from app.server.settings import load_settings
+
+    config = Path(args.config) if getattr(args, "config", None) else paths().config_dir / "config.toml"
+    return load_settings(config if config.exists() else None, given(args, AlertSettings, "alert"), AlertSettings, "alerts")
+
+
 def plan_request(args: argparse.Namespace, **more) -> PlanRequest:
     """A PlanRequest from the planner flags given (PlanRequest's own fields; `--cache-type` sets both
     K and V), plus what the command adds."""

@@ -21,6 +21,7 @@ from pathlib import Path
 from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console, RenderableType
 from rich.live import Live
+from rich.markup import escape
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
@@ -132,6 +133,16 @@ def _name(path: str | None) -> str:
 
 # -- the screen --------------------------------------------------------------------------------
 
+def alert_lines(snap: dict) -> list[str]:
+    """One line per raised alert: its name, since when, and what raised it."""
+    out = []
+    for a in snap.get("alerts") or []:
+        if a.get("active"):
+            since = time.strftime("%H:%M:%S", time.localtime(a["since"])) if a.get("since") else "?"
+            out.append(f"{a['name']} since {since}: {a.get('message', '')}")
+    return out
+
+
 def render(snap: dict) -> RenderableType:
     """The whole dashboard for one snapshot (about 16 lines, 80 columns)."""
     title = f"specdeck {snap.get('model_id', '')} · {snap.get('source', '')}".replace("  ", " ")
@@ -187,16 +198,20 @@ def render(snap: dict) -> RenderableType:
     gpus = snap.get("gpu") or []
     for i, gpu in enumerate(gpus[:2]):
         used = gpu["total"] - gpu["free"]
+        heat = f" · {gpu['temperature_c']} °C" if gpu.get("temperature_c") is not None else ""
+        power = f" · {gpu['power_w']:.0f}/{gpu.get('power_limit_w') or 0:.0f} W" if gpu.get("power_w") is not None else ""
         g.add_row("gpu" if i == 0 else "", f"{gpu['name']} · util {_f(gpu.get('utilization'), '{:.0f}')}% · "
-                                           f"VRAM {_gib(used)}/{_gib(gpu['total'])} GiB")
+                                           f"VRAM {_gib(used)}/{_gib(gpu['total'])} GiB{heat}{power}")
     if not gpus:
         g.add_row("gpu", "[dim]none (CPU)[/]")
     host = snap.get("host") or {}
     ram_used = host["total"] - host["available"] if "total" in host else None
     g.add_row("host", f"CPU {_f(host.get('cpu_percent'), '{:.0f}')}% · RAM {_gib(ram_used)}/{_gib(host.get('total'))} GiB · "
                       f"server RSS {_gib(host.get('rss'))} GiB")
+    for i, line in enumerate(alert_lines(snap)):
+        g.add_row("ALERT" if i == 0 else "", f"[bold white on red]{escape(line)}[/]")
     for i, line in enumerate(snap.get("events") or []):
-        g.add_row("log" if i == 0 else "", f"[yellow]{line}[/]")
+        g.add_row("log" if i == 0 else "", f"[yellow]{escape(line)}[/]")
     sub = f"up {_duration(snap.get('uptime_s'))} · Ctrl-C quits"
     return Panel(g, title=title, title_align="left", subtitle=sub, subtitle_align="right")
 
@@ -217,6 +232,9 @@ def log_line(snap: dict) -> str:
         f"tokens_out {int(tot.get('completion_tokens', 0))}",
         f"cpu% {_f((snap.get('host') or {}).get('cpu_percent'), '{:.0f}')}",
     ]
+    raised = [a["name"] for a in snap.get("alerts") or [] if a.get("active")]
+    if raised:
+        parts.append("ALERTS " + ",".join(raised))
     return "specdeck: " + " ".join(parts)
 
 

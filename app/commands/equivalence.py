@@ -26,10 +26,9 @@ from app.engine.engine import Engine, Request, SpecParams
 from app.engine.text import Tokenizer
 from app.errors import SpecdeckError
 from app.gguf.info import read_model_info
+from app.ops.validate import GAP_TOLERANCE  # one rule for `verify` and `validate`
 from app.plan.hardware import detect
 from app.plan.planner import PlanRequest, make_plan
-
-GAP_TOLERANCE = 1.0  # logits; llama.cpp's single vs batched numerics differ by up to ~0.8 here
 
 CODE_EDIT_MODULE = """import os
 import sys

@@ -1,12 +1,14 @@
-"""`specdeck serve`: the pair behind the API, started from the command line."""
+"""`specdeck serve`: the pair behind the API, started from the command line as a recorded revision
+(see app/commands/revision.py: a start that fails falls back to the last good one)."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import logging
+from dataclasses import dataclass
 
-from app.commands.check import (
-    require_compatible,
-)
+from app.commands.check import require_compatible
 from app.commands.common import (
     catalog_from_args,
     console,
@@ -14,15 +16,12 @@ from app.commands.common import (
     make_fetcher,
     make_selection,
     plan_request,
-    serve_settings,
 )
 from app.gguf.info import ModelInfo, read_model_info
 from app.models.refs import resolve_ref
-from app.plan.hardware import detect
-from app.plan.planner import make_plan
-
-# -- models ----------------------------------------------------------------------------------
-
+from app.plan.hardware import Hardware, detect
+from app.plan.planner import Plan, make_plan
+from app.server.settings import ServeSettings
 
 
 def embedding_model(args: argparse.Namespace, catalog, fetcher, sel) -> ModelInfo | None:
@@ -32,18 +31,34 @@ def embedding_model(args: argparse.Namespace, catalog, fetcher, sel) -> ModelInf
 
 
 def server_logging() -> None:
-    import logging
-
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     for noisy in ("httpx", "uvicorn.error"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
-def cmd_serve(args: argparse.Namespace) -> int:
-    from app.server.serve import serve
+def machine_facts(hw: Hardware) -> dict:
+    """What a validation baseline is tied to: the CPU, cores, GPUs and the llama.cpp build."""
+    from app.build.info import build_record, gpu_offload
+    from app.build.isa import read_cpu
 
-    server_logging()
-    settings = serve_settings(args, args.api_key_file)
+    record = build_record() or {}
+    return {"cpu": read_cpu().model, "cores": hw.cpu_count, "ram_total": hw.ram_total,
+            "gpus": [g.name for g in hw.gpus], "build": {"rung": record.get("rung"), "cmake_args": record.get("cmake_args"),
+                                                         "gpu_offload": gpu_offload()}}
+
+
+@dataclass
+class Resolved:
+    name: str
+    target: ModelInfo
+    draft: ModelInfo | None
+    embedder: ModelInfo | None
+    plan: Plan
+    hw: Hardware
+
+
+def resolve(args: argparse.Namespace, settings: ServeSettings, quiet: bool = False) -> Resolved:
+    """The models on disk (read and paired), the hardware and the plan: what `serve` runs."""
     catalog = catalog_from_args(args)
     sel = make_selection(args, catalog)
     fetcher = make_fetcher(offline=True)
@@ -53,10 +68,91 @@ def cmd_serve(args: argparse.Namespace) -> int:
         require_compatible(target, draft)
     embedder = embedding_model(args, catalog, fetcher, sel)
     hw = detect()
-    req = plan_request(args, draft_max=settings.draft_max)
-    plan = make_plan(target, draft, req, hw, sel.context, embedder)
-    for w in plan.warnings:
-        console.print(f"[yellow]warning:[/] {w}")
-    console.print(f"serving {sel.name} on http://{settings.host}:{settings.port} (context {plan.ctx:,}, "
-                  f"{plan.parallel} slots, speculation {'on' if settings.speculative and draft else 'lookup only' if settings.speculative else 'off'})")
-    return serve(settings, plan, target, draft, args.threads or hw.cpu_count, sel.name, embedder)
+    plan = make_plan(target, draft, plan_request(args, draft_max=settings.draft_max), hw, sel.context, embedder)
+    if not quiet:
+        for w in plan.warnings:
+            console.print(f"[yellow]warning:[/] {w}")
+    return Resolved(sel.name, target, draft, embedder, plan, hw)
+
+
+def serve_once(args: argparse.Namespace, settings: ServeSettings, start) -> int:
+    """One start of `serve` (raises on a failed start: the caller decides about falling back)."""
+    from app.server.serve import serve
+
+    r = resolve(args, settings)
+    start.machine = machine_facts(r.hw)
+    console.print(f"serving {r.name} on http://{settings.host}:{settings.port} (context {r.plan.ctx:,}, "
+                  f"{r.plan.parallel} slots, speculation {'on' if settings.speculative and r.draft else 'lookup only' if settings.speculative else 'off'}"
+                  + (f", revision {start.revision}" if start.revision else "") + ")")
+    return serve(settings, r.plan, r.target, r.draft, args.threads or r.hw.cpu_count, r.name, r.embedder, start)
+
+
+@contextlib.contextmanager
+def local_server(args: argparse.Namespace, settings: ServeSettings):
+    """The selection served in this process on a free loopback port (for `validate` without --url);
+    yields its URL once it has loaded and answers."""
+    import socket
+
+    from app.engine.embed import Embedder
+    from app.engine.loader import load
+    from app.server.app import create_app
+    from app.server.serve import HttpThread, attach, build_service, shutdown
+
+    r = resolve(args, settings)
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    settings = settings.model_copy(update={"host": "127.0.0.1", "port": sock.getsockname()[1]})
+    loaded = None
+    service = None
+    http = None
+    try:
+        with console.status(f"loading {r.name}…") if console.is_terminal else contextlib.nullcontext():
+            loaded = load(r.plan, r.target, r.draft, args.threads or r.hw.cpu_count, adaptive=settings.speculative)
+        service = build_service(r.plan, r.target, r.draft, r.name)
+        service.machine = machine_facts(r.hw)
+        service.digests = {role: m.get("sha256") for role, m in model_record(args, settings).items()}
+        app = create_app(settings, service)
+        if r.embedder is not None and r.plan.embedding is not None:
+            service.embedder = Embedder(r.embedder, r.plan.embedding, args.threads or r.hw.cpu_count)
+        attach(service, loaded, settings, app.state.count)
+        http = HttpThread(app, sock)
+        http.start()
+        yield f"http://127.0.0.1:{settings.port}"
+    finally:
+        if http is not None:
+            http.stop()
+        if service is not None:
+            shutdown(service, loaded)
+        elif loaded is not None:
+            loaded.close()
+        sock.close()
+
+
+def model_record(args: argparse.Namespace, settings: ServeSettings) -> dict:
+    """role -> {"ref", "path", "sha256"} for a revision, as far as the files can be found and hashed
+    (a missing file is recorded as its reference: the start then fails and says why). A selection that
+    does not parse (an unknown preset) raises: that is bad input, not a revision."""
+    from app.models.integrity import VerifiedRecords, check_integrity
+    from app.settings import paths
+
+    catalog = catalog_from_args(args)
+    sel = make_selection(args, catalog)
+    refs = [("target", sel.target)] + ([("draft", sel.draft)] if sel.draft and settings.speculative else [])
+    if getattr(args, "embedding_model", None) or sel.embedding is not None:
+        try:
+            refs.append(("embedding", resolve_ref(args.embedding_model, catalog) if args.embedding_model else sel.embedding))
+        except Exception:  # noqa: BLE001 - recorded by name; serving it says what is wrong
+            pass
+    fetcher = make_fetcher(offline=True)
+    records = VerifiedRecords(paths().verified_file)
+    out = {}
+    for role, ref in refs:
+        entry = {"ref": ref.label, "path": None, "sha256": None}
+        try:
+            path = local_path(fetcher, ref)
+            entry["path"] = str(path)
+            entry["sha256"] = check_integrity(path, records, None, None)[0]
+        except Exception:  # noqa: BLE001 - not on disk or unreadable: the start will fail on it
+            pass
+        out[role] = entry
+    return out

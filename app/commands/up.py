@@ -28,7 +28,6 @@ from app.commands.common import (
     serve_settings,
 )
 from app.commands.dashboard import build_snapshot, loading_snapshot, watch
-from app.commands.serve import server_logging
 from app.engine.embed import Embedder
 from app.engine.loader import Loaded
 from app.errors import PairError, SpecdeckError
@@ -189,17 +188,24 @@ def sigterm_as_interrupt():
 
 
 def up(args: argparse.Namespace, settings: ServeSettings, console: Console, out: Console,
-       key_file: str | None = None) -> int:
+       key_file: str | None = None, start=None) -> int:
+    from app.commands.serve import machine_facts
+    from app.ops.validate import smoke_request
     from app.server.app import create_app
     from app.server.core import status_json
     from app.server.serve import (
         HttpThread,
+        Start,
+        StartFailed,
         attach,
         bind_socket,
         build_service,
+        local_url,
         shutdown,
+        watch_alerts,
     )
 
+    start = start or Start()
     settings.check()
     sock = bind_socket(settings.host, settings.port)  # a busy port fails now, not after minutes of loading
     steps = Steps(console, STEPS)
@@ -210,6 +216,7 @@ def up(args: argparse.Namespace, settings: ServeSettings, console: Console, out:
     try:
         with sigterm_as_interrupt():
             prep = prepare(args, settings, steps, key_file)
+            start.plan = prep.plan.to_json()
             threads = args.threads or prep.hw.cpu_count
             loaded = load_and_warm(prep, threads, settings.speculative, steps)
             url = f"http://{settings.host}:{settings.port}"
@@ -218,10 +225,20 @@ def up(args: argparse.Namespace, settings: ServeSettings, console: Console, out:
                 app = create_app(settings, service)
                 if prep.embedder is not None and prep.plan.embedding is not None:
                     service.embedder = Embedder(prep.embedder, prep.plan.embedding, threads)
+                service.revision, service.digests = start.revision, start.digests
+                service.machine = machine_facts(prep.hw)
                 attach(service, loaded, settings, app.state.count)
+                watch_alerts(service, app.state.metrics, start)
                 http = HttpThread(app, sock)
                 http.start()
-                r["done"] = f"OpenAI-compatible API on {url}/v1"
+                try:
+                    smoked = smoke_request(local_url(settings), settings.api_key)
+                except SpecdeckError as e:
+                    raise StartFailed(f"smoke request failed: {e.message}") from None
+                if start.on_good is not None:
+                    start.on_good()
+                r["done"] = f"OpenAI-compatible API on {url}/v1 (smoke: {smoked}" + \
+                            (f", revision {start.revision}" if start.revision else "") + ")"
             if out.is_terminal:  # request lines and warnings would tear the live screen: keep them for it
                 server_log = logging.getLogger("specdeck.server")
                 server_log.setLevel(logging.WARNING)
@@ -357,9 +374,9 @@ def run(args: argparse.Namespace, settings: ServeSettings, console: Console, out
 
 # -- the command -------------------------------------------------------------------------------
 
-def cmd_up(args: argparse.Namespace) -> int:
-    server_logging()
-    return up(args, serve_settings(args, args.api_key_file), console, out, key_file=args.api_key_file)
+def up_once(args: argparse.Namespace, settings: ServeSettings, start) -> int:
+    """One start of `up` (raises on a failed start: the caller decides about falling back)."""
+    return up(args, settings, console, out, key_file=args.api_key_file, start=start)
 
 
 def cmd_run(args: argparse.Namespace) -> int:

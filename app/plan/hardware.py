@@ -21,6 +21,8 @@ class Gpu:
     temperature_c: int | None = None
     power_limit_w: float | None = None
     compute_capability: str | None = None  # "8.6"
+    power_w: float | None = None  # drawn now
+    temperature_slowdown_c: int | None = None  # where the card starts to throttle
 
 
 @dataclass(frozen=True)
@@ -50,8 +52,11 @@ def read_gpus() -> tuple[Gpu, ...]:
             temp = _optional(lambda: int(pynvml.nvmlDeviceGetTemperature(h, pynvml.NVML_TEMPERATURE_GPU)))
             power = _optional(lambda: pynvml.nvmlDeviceGetEnforcedPowerLimit(h) / 1000.0)
             cc = _optional(lambda: "{}.{}".format(*pynvml.nvmlDeviceGetCudaComputeCapability(h)))
+            drawn = _optional(lambda: pynvml.nvmlDeviceGetPowerUsage(h) / 1000.0)
+            slowdown = _optional(lambda: int(pynvml.nvmlDeviceGetTemperatureThreshold(
+                h, pynvml.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN)))
             gpus.append(Gpu(i, name.decode() if isinstance(name, bytes) else name, int(mem.total), int(mem.free), util,
-                            temp, power, cc))
+                            temp, power, cc, drawn, slowdown))
         return tuple(gpus)
     except Exception:  # noqa: BLE001
         return ()

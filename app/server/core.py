@@ -31,6 +31,7 @@ from app.server.schemas import MAX_STOP_STRINGS, Sampling
 from app.server.settings import ServeSettings
 from app.server.stats import LiveStats
 from app.server.textstream import TextStream
+from app.server.watch import AlertWatcher
 
 log = logging.getLogger("specdeck.server")
 FINISH = {"stop": "stop", "length": "length", "context": "length", "time_limit": "length", "cancelled": "stop", "error": "stop"}
@@ -252,9 +253,22 @@ def refresh_gauges(service: Service, metrics: Metrics) -> list:
     metrics.tokens_per_second.set(recent_tps(service))
     metrics.acceptance.set(metrics.acceptance_rate() or 0.0)
     metrics.ram_used.set(psutil.Process().memory_info().rss)
+    metrics.queue_limit.set(service.scheduler.max_queue)
+    metrics.slots.set(len(service.scheduler.engine.slots))
+    if service.plan.get("device") == "cuda":
+        metrics.vram_planned.set(service.plan.get("used") or 0)
     gpus = read_gpus()
     if gpus:
         metrics.vram_used.set(gpus[0].total - gpus[0].free)
+    for g in gpus:
+        i = str(g.index)
+        metrics.gpu_memory_used.labels(i).set(g.total - g.free)
+        metrics.gpu_memory_total.labels(i).set(g.total)
+        for gauge, value in ((metrics.gpu_temperature, g.temperature_c), (metrics.gpu_slowdown, g.temperature_slowdown_c),
+                             (metrics.gpu_power, g.power_w), (metrics.gpu_power_limit, g.power_limit_w),
+                             (metrics.gpu_utilization, None if g.utilization is None else g.utilization / 100)):
+            if value is not None:
+                gauge.labels(i).set(value)
     return list(gpus)
 
 
@@ -274,11 +288,18 @@ def status_json(service: Service, metrics: Metrics) -> dict:
         "draft_max": eng.draft_limit,
         "recent_tokens_per_second": recent_tps(service),
         "acceptance": metrics.acceptance_rate(),
-        "gpu": [{"name": g.name, "total": g.total, "free": g.free, "utilization": g.utilization} for g in gpus],
+        "gpu": [{"name": g.name, "total": g.total, "free": g.free, "utilization": g.utilization,
+                 "temperature_c": g.temperature_c, "temperature_slowdown_c": g.temperature_slowdown_c,
+                 "power_w": g.power_w, "power_limit_w": g.power_limit_w} for g in gpus],
         "host": {"total": vm.total, "available": vm.available, "rss": psutil.Process().memory_info().rss,
                  "cpu_percent": service.stats.cpu_percent()},
         "model_id": service.model_id, "version": __version__,
         "errors": sum(m.value for f in metrics.errors.collect() for m in f.samples if m.name.endswith("_total")),
+        "ready": service.ready, "slots_total": len(eng.slots),
+        "slots_free": len(eng.slots) - service.scheduler.busy_slots(),
+        "queue_limit": service.scheduler.max_queue,
+        "revision": service.revision, "machine": service.machine, "model_digests": service.digests,
+        "alerts": service.alerts.to_json() if service.alerts is not None else [],
         **service.stats.snapshot(),
     }
 
@@ -299,6 +320,10 @@ class Service:
     details: dict = field(default_factory=dict)  # the target's GGUF facts (Ollama's tags / show)
     stats: LiveStats = field(default_factory=LiveStats)  # live figures for /v1/status and the dashboard
     embedder: Embedder | None = None  # the optional embedding model (/v1/embeddings, /api/embed)
+    alerts: AlertWatcher | None = None  # raised alerts for /v1/status, /metrics and the dashboard
+    revision: int | None = None  # the configuration revision being served (specdeck config history)
+    machine: dict = field(default_factory=dict)  # CPU, cores, GPUs, build: what a baseline is tied to
+    digests: dict = field(default_factory=dict)  # role -> SHA-256 of the model files
 
     @property
     def fingerprint(self) -> str:

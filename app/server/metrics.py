@@ -23,6 +23,33 @@ class Metrics:
         self.busy_slots = Gauge("specdeck_busy_slots", "Slots generating", registry=r)
         self.vram_used = Gauge("specdeck_vram_used_bytes", "GPU memory in use (GPU 0)", registry=r)
         self.ram_used = Gauge("specdeck_process_rss_bytes", "Resident memory of the server", registry=r)
+        self.queue_limit = Gauge("specdeck_queue_limit", "Requests the queue holds before 429 (--max-queue)", registry=r)
+        self.slots = Gauge("specdeck_slots", "Slots the server has (the plan's parallel)", registry=r)
+        self.vram_planned = Gauge("specdeck_vram_planned_bytes", "GPU memory the plan sized the server for", registry=r)
+        self.alert = Gauge("specdeck_alert", "1 while the named alert is raised", ["name"], registry=r)
+        gpu = ["gpu"]
+        self.gpu_temperature = Gauge("specdeck_gpu_temperature_celsius", "GPU temperature", gpu, registry=r)
+        self.gpu_slowdown = Gauge("specdeck_gpu_temperature_slowdown_celsius", "Where the GPU starts to throttle", gpu, registry=r)
+        self.gpu_power = Gauge("specdeck_gpu_power_watts", "GPU power draw", gpu, registry=r)
+        self.gpu_power_limit = Gauge("specdeck_gpu_power_limit_watts", "GPU enforced power limit", gpu, registry=r)
+        self.gpu_utilization = Gauge("specdeck_gpu_utilization_ratio", "GPU busy share (0-1)", gpu, registry=r)
+        self.gpu_memory_used = Gauge("specdeck_gpu_memory_used_bytes", "GPU memory in use", gpu, registry=r)
+        self.gpu_memory_total = Gauge("specdeck_gpu_memory_total_bytes", "GPU memory in all", gpu, registry=r)
+
+    def status_counts(self) -> tuple[int, int, int]:
+        """(requests answered, of them failed: 4xx/5xx except 429, of them refused: 429), from the counter."""
+        total = failed = rejected = 0
+        for family in self.requests.collect():
+            for m in family.samples:
+                if not m.name.endswith("_total"):
+                    continue
+                n, status = int(m.value), m.labels.get("status", "")
+                total += n
+                if status == "429":
+                    rejected += n
+                elif status[:1] in ("4", "5"):
+                    failed += n
+        return total, failed, rejected
 
     def acceptance_rate(self) -> float | None:
         """Accepted / drafted over all requests so far, read through the registry's public API."""

@@ -9,6 +9,8 @@ import signal
 import socket
 import threading
 import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import uvicorn
 
@@ -16,11 +18,14 @@ from app.engine.embed import Embedder
 from app.engine.loader import Loaded, load
 from app.errors import SpecdeckError
 from app.gguf.info import ModelInfo
+from app.ops.alerts import AlertSettings
+from app.ops.validate import smoke_request
 from app.plan.planner import Plan
 from app.server import sdnotify
 from app.server.app import Service, create_app
 from app.server.scheduler import Scheduler
 from app.server.settings import ServeSettings
+from app.server.watch import AlertWatcher
 
 log = logging.getLogger("specdeck.server")
 
@@ -113,6 +118,8 @@ class HttpThread:
 
 def shutdown(service: Service, loaded: Loaded | None) -> None:
     """After the HTTP server stopped: cancel what is left, stop the worker, free the contexts."""
+    if service.alerts is not None:
+        service.alerts.stop()
     if service.scheduler is not None:
         service.scheduler.stop()
     if loaded is not None:
@@ -121,15 +128,59 @@ def shutdown(service: Service, loaded: Loaded | None) -> None:
         service.embedder.close()
 
 
+class StartFailed(SpecdeckError):
+    """The server never became good: models did not load, health never came, or the smoke failed."""
+
+
+@dataclass
+class Start:
+    """How one start is judged and reported (the command supplies it; everything optional)."""
+
+    alerts: AlertSettings | None = None
+    baseline_acceptance: float | None = None
+    on_good: Callable[[], None] | None = None  # called once healthy and the smoke request passed
+    timeout: float = 900.0  # seconds to become good, else the start failed
+    revision: int | None = None
+    machine: dict = field(default_factory=dict)
+    digests: dict = field(default_factory=dict)
+    status_line: str = ""  # appended to systemd's STATUS= (e.g. the fallback that led here)
+    plan: dict | None = None  # the plan this start serves (recorded with the revision)
+
+
+def watch_alerts(service: Service, metrics, start: Start) -> None:
+    if start.alerts is not None:
+        service.alerts = AlertWatcher(service, metrics, start.alerts, start.baseline_acceptance)
+        service.alerts.check()
+        service.alerts.start()
+
+
+def local_url(settings: ServeSettings) -> str:
+    host = "127.0.0.1" if settings.host in ("0.0.0.0", "") else "[::1]" if settings.host == "::" else settings.host
+    return f"http://{host}:{settings.port}"
+
+
 def serve(settings: ServeSettings, plan: Plan, target: ModelInfo, draft: ModelInfo | None, threads: int,
-          model_id: str, embedder: ModelInfo | None = None) -> int:
+          model_id: str, embedder: ModelInfo | None = None, start: Start | None = None) -> int:
+    """Serve until stopped. Raises StartFailed if it never became good (the caller may fall back);
+    returns 0 after a clean stop."""
+    start = start or Start()
+    start.plan = plan.to_json()
     settings.check()
     sock = bind_socket(settings.host, settings.port)
     service = build_service(plan, target, draft, model_id)
+    service.revision, service.machine, service.digests = start.revision, start.machine, start.digests
     app = create_app(settings, service)
     server = _server(app)
     state: dict = {}
     stop = threading.Event()
+    url = local_url(settings)
+    tail = f" ({start.status_line})" if start.status_line else ""
+
+    def fail(why: str) -> None:
+        state["error"] = why
+        log.error("specdeck: %s", why)
+        sdnotify.notify(f"STATUS={why}"[:400])
+        server.should_exit = True
 
     def loader() -> None:
         try:
@@ -137,24 +188,42 @@ def serve(settings: ServeSettings, plan: Plan, target: ModelInfo, draft: ModelIn
             if embedder is not None and plan.embedding is not None:
                 service.embedder = Embedder(embedder, plan.embedding, threads)
             attach(service, state["loaded"], settings, app.state.count)
-            log.warning("specdeck: models loaded, serving on http://%s:%d", settings.host, settings.port)
-            sdnotify.notify(f"READY=1\nSTATUS=serving {model_id} on {settings.host}:{settings.port}")
-        except Exception as e:  # noqa: BLE001 - reported, and the server says why it is not ready
-            state["error"] = e
-            log.error("specdeck: loading failed: %s", e)
-            if sdnotify.notify(f"STATUS=loading failed: {e}"):
-                server.should_exit = True  # under systemd: exit 1, so Restart=on-failure tries again
+            watch_alerts(service, app.state.metrics, start)
+        except Exception as e:  # noqa: BLE001 - reported, and the start has failed
+            fail(f"loading failed: {e}")
+            return
+        while not server.started and not stop.is_set():
+            time.sleep(0.02)
+        try:
+            result = smoke_request(url, settings.api_key)
+        except SpecdeckError as e:
+            fail(f"smoke request failed: {e.message}")
+            return
+        state["good"] = True
+        if start.on_good is not None:
+            start.on_good()
+        log.warning("specdeck: models loaded, serving on http://%s:%d (smoke: %s)", settings.host, settings.port, result)
+        sdnotify.notify(f"READY=1\nSTATUS=serving {model_id} on {settings.host}:{settings.port}"
+                        + (f", revision {start.revision}" if start.revision else "") + tail)
 
-    sdnotify.notify(f"STATUS=loading {model_id}")
+    def deadline() -> None:
+        if not stop.wait(start.timeout) and "good" not in state and "error" not in state:
+            fail(f"not healthy after {start.timeout:.0f} s")
+
+    sdnotify.notify(f"STATUS=loading {model_id}" + (f" (revision {start.revision})" if start.revision else "") + tail)
     threading.Thread(target=loader, name="specdeck-load", daemon=True).start()
-    host = "127.0.0.1" if settings.host in ("0.0.0.0", "") else "[::1]" if settings.host == "::" else settings.host
-    sdnotify.start_watchdog(f"http://{host}:{settings.port}/health",
+    threading.Thread(target=deadline, name="specdeck-start-timeout", daemon=True).start()
+    sdnotify.start_watchdog(f"{url}/health",
                             lambda: service.scheduler is not None and service.scheduler.thread is not None
                             and service.scheduler.thread.is_alive(), stop)
     try:
         server.run(sockets=[sock])
     finally:
         stop.set()
-        sdnotify.notify("STOPPING=1")
+        sock.close()
+        if "good" in state or "error" not in state:
+            sdnotify.notify("STOPPING=1")
         shutdown(service, state.get("loaded"))
+    if "error" in state and "good" not in state:
+        raise StartFailed(state["error"])
     return 1 if "error" in state else 0

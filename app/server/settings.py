@@ -55,23 +55,26 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def load_settings(config: Path | None, overrides: dict) -> ServeSettings:
-    """Config file (TOML, [serve] table or top level), then the environment, then explicit flags."""
+def load_settings(config: Path | None, overrides: dict, model: type[BaseSettings] = ServeSettings,
+                  table: str = "serve"):
+    """Config file (TOML: the `table` table; for [serve] the top level too), then the environment,
+    then explicit flags."""
     values: dict = {}
     if config is not None and config.exists():
         try:
             raw = tomllib.loads(config.read_text(encoding="utf-8"))
         except (OSError, tomllib.TOMLDecodeError) as e:
             raise SpecdeckError(f"{config}: cannot read config: {e}") from None
-        values = raw.get("serve", raw)
+        values = raw.get(table, raw if table == "serve" else {})
     try:
-        env = ServeSettings()
+        env = model()
         merged = {**values, **{k: v for k, v in env.model_dump().items() if k in env.model_fields_set}}
         merged.update({k: v for k, v in overrides.items() if v is not None})
-        return ServeSettings(**merged)
+        return model(**merged)
     except ValidationError as e:
         first = e.errors()[0]
-        raise SpecdeckError(f"bad setting {'.'.join(map(str, first['loc']))}: {first['msg']}") from None
+        where = f"{table}." if table != "serve" else ""
+        raise SpecdeckError(f"bad setting {where}{'.'.join(map(str, first['loc']))}: {first['msg']}") from None
 
 
 def read_key_file(path: Path) -> str:

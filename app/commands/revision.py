@@ -1,0 +1,196 @@
+"""Recorded starts and last-known-good fallback for `serve` and `up`, and the commands over the
+revisions: `specdeck config history` and `specdeck rollback [REV]`.
+
+    settings and thresholds parse (else: one line, no revision)
+    -> the models are located and hashed, the revision recorded (or found: same configuration)
+    -> start; once healthy and its smoke request passed, the revision is good
+    -> a start that fails before that: one line saying what failed, then the last good revision
+       starts at once (unless --no-fallback) and is recorded as serving, with the fallback
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+
+from rich.markup import escape
+from rich.table import Table
+
+from app.commands.common import alert_settings, console, out, serve_settings
+from app.commands.serve import model_record, serve_once, server_logging
+from app.commands.up import up_once
+from app.errors import SpecdeckError
+from app.ops.alerts import AlertSettings
+from app.ops.revisions import Revision, RevisionStore
+from app.server import sdnotify
+from app.server.settings import ServeSettings, read_key_file
+from app.settings import paths
+
+NOT_RECORDED = ("func", "no_fallback", "revision_start")  # flags about this start, not the configuration
+
+
+def store() -> RevisionStore:
+    return RevisionStore(paths().state)
+
+
+def args_json(args: argparse.Namespace) -> dict:
+    return {k: v for k, v in sorted(vars(args).items()) if k not in NOT_RECORDED}
+
+
+def settings_json(settings: ServeSettings, alerts: AlertSettings) -> dict:
+    return {"serve": settings.model_dump(exclude={"api_key"}), "alerts": alerts.model_dump(),
+            "api_key_set": bool(settings.api_key)}
+
+
+def _runner(command: str):
+    return up_once if command == "up" else serve_once
+
+
+def baseline_acceptance(name: str) -> float | None:
+    """The saved baseline's acceptance for this preset, if there is one (the acceptance alert's anchor)."""
+    from app.ops.baseline import default_path
+
+    try:
+        data = json.loads(default_path(paths().state, name).read_text(encoding="utf-8"))
+        value = data["figures"].get("acceptance")
+        return float(value) if value is not None else None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
+def _start(rev: Revision, args: argparse.Namespace, settings: ServeSettings, alerts: AlertSettings,
+           failed: Revision | None = None, reason: str | None = None) -> int:
+    """Start revision `rev`; once healthy and smoked it is marked good and recorded as serving (with
+    the failed revision it stands in for, if it is a fallback)."""
+    from app.server.serve import Start
+
+    st = store()
+    st.started(rev)
+    status_line = f"fallback from revision {failed.number}: {reason}" if failed is not None else ""
+
+    def good() -> None:
+        st.mark_good(rev, start.plan)
+        st.set_current(rev, fallback_from=failed, reason=reason)
+
+    start = Start(alerts=alerts, baseline_acceptance=baseline_acceptance(rev.name), on_good=good,
+                  revision=rev.number, digests={role: m.get("sha256") for role, m in rev.models.items()},
+                  status_line=status_line)
+    return _runner(rev.command)(args, settings, start)
+
+
+def run_revisioned(args: argparse.Namespace, command: str) -> int:
+    """`serve` / `up`: record this start's revision, start it, fall back to the last good one if it fails."""
+    from app.server.serve import StartFailed
+
+    settings = serve_settings(args, args.api_key_file)
+    alerts = alert_settings(args)
+    st = store()
+    rev = st.record(command, args_json(args), settings_json(settings, alerts), model_record(args, settings))
+    try:
+        return _start(rev, args, settings, alerts)
+    except (StartFailed, SpecdeckError) as e:
+        reason = e.message
+        fresh = st.get(rev.number)
+        if fresh.good_at and fresh.good_at != rev.good_at:
+            raise  # it served, then stopped: not a failed start
+        st.mark_failed(fresh, reason)
+        good = st.last_good(exclude=rev.number)
+        if getattr(args, "no_fallback", False) or good is None:
+            if good is None and not getattr(args, "no_fallback", False):
+                e.hint = e.hint or f"revision {rev.number} failed and no earlier revision was good to fall back to"
+            raise
+    line = f"revision {rev.number} failed ({reason}); now serving revision {good.number}: {good.summary()}"
+    console.print(f"[red]{escape(line)}[/]", soft_wrap=True)
+    sdnotify.notify(f"STATUS={line}"[:400])
+    return start_revision(good, failed=rev, reason=reason)
+
+
+def _revision_settings(rev: Revision) -> tuple[argparse.Namespace, ServeSettings, AlertSettings]:
+    """The revision's recorded command line and settings; the API key comes from where it came then
+    (the key file it names, else SPECDECK_API_KEY), never from the record."""
+    args = argparse.Namespace(**rev.args, no_fallback=True)
+    serve = dict((rev.settings or {}).get("serve") or {})
+    key = None
+    if args.api_key_file:
+        key = read_key_file(Path(args.api_key_file))
+    elif os.environ.get("SPECDECK_API_KEY"):
+        key = os.environ["SPECDECK_API_KEY"]
+    if rev.settings.get("api_key_set") and not key:
+        raise SpecdeckError(f"revision {rev.number} was served with an API key; none is set now",
+                            hint="set SPECDECK_API_KEY or keep the key file it names")
+    try:
+        settings = ServeSettings(**serve, api_key=key)
+        alerts = AlertSettings(**((rev.settings or {}).get("alerts") or {}))
+    except Exception as e:  # noqa: BLE001 - a record from another version
+        raise SpecdeckError(f"revision {rev.number}'s settings no longer parse: {e}") from None
+    return args, settings, alerts
+
+
+def start_revision(rev: Revision, failed: Revision | None = None, reason: str | None = None) -> int:
+    args, settings, alerts = _revision_settings(rev)
+    st = store()
+    try:
+        return _start(rev, args, settings, alerts, failed, reason)
+    except SpecdeckError as e:
+        st.mark_failed(rev, e.message)
+        raise SpecdeckError(f"revision {rev.number} failed too: {e.message}",
+                            hint="see `specdeck config history`; fix the configuration and start again") from None
+
+
+# -- the commands --------------------------------------------------------------------------------
+
+def cmd_config_history(args: argparse.Namespace) -> int:
+    st = store()
+    revs = st.all()
+    current = st.current() or {}
+    good = st.last_good()
+    if args.json:
+        out.print_json(json.dumps({"current": current, "last_good": good.number if good else None,
+                                   "revisions": [r.__dict__ for r in revs]}))
+        return 0
+    if not revs:
+        out.print("no revisions yet: `specdeck serve` or `specdeck up` records one at each new configuration")
+        return 0
+    table = Table(title=f"configuration revisions ({st.dir})")
+    for col in ("rev", "status", "created", "configuration", "starts", "last failure"):
+        table.add_column(col, overflow="fold")
+    for r in revs:
+        mark = " (serving)" if current.get("revision") == r.number else ""
+        mark += " (last good)" if good and good.number == r.number else ""
+        style = {"good": "green", "failed": "red"}.get(r.status, "yellow")
+        table.add_row(str(r.number), f"[{style}]{r.status}[/]{mark}", r.created.replace("T", " ")[:19],
+                      escape(r.summary()), str(r.starts), escape(r.failure or "-"))
+    out.print(table)
+    if current.get("fallback"):
+        fb = current["fallback"]
+        out.print(f"[yellow]revision {current['revision']} serves as the fallback from revision {fb['from']}: "
+                  f"{escape(str(fb.get('reason')))}[/]", soft_wrap=True)
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    server_logging()
+    return run_revisioned(args, "serve")
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    server_logging()
+    return run_revisioned(args, "up")
+
+
+def cmd_rollback(args: argparse.Namespace) -> int:
+    st = store()
+    if args.revision is not None:
+        rev = st.get(args.revision)
+    else:
+        current = (st.current() or {}).get("revision")
+        rev = st.last_good(exclude=current)
+        if rev is None:
+            raise SpecdeckError("there is no good revision to roll back to" + (f" other than {current}" if current else ""),
+                                hint="see `specdeck config history`")
+    server_logging()
+    console.print(f"starting revision {rev.number}: {rev.summary()}", soft_wrap=True)
+    args_, settings, alerts = _revision_settings(rev)
+    return _start(rev, args_, settings, alerts)

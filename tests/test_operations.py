@@ -1,0 +1,326 @@
+"""Operating it as a service: alerts (raised and cleared from injected figures, and on a real
+server through bad requests and load), configuration revisions with last-known-good fallback
+(a corrupted draft, an impossible context, a busy port), rollback, and pruning that spares what a
+good revision uses. Real `specdeck serve` processes on the tiny models."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from conftest import ROOT, run_cli
+
+from app.commands.dashboard import alert_lines, log_line, render
+from app.ops.alerts import NAMES, AlertBook, AlertSettings, Observation
+from app.server.metrics import Metrics
+from app.server.watch import AlertWatcher
+
+SPECDECK = [sys.executable, "-m", "app.cli"]
+GIB = 2**30
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for(what, timeout: float, every: float = 0.25):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = what()
+        if got:
+            return got
+        time.sleep(every)
+    return None
+
+
+# -- alerts from injected figures ----------------------------------------------------------------
+
+def book(**settings) -> AlertBook:
+    return AlertBook(AlertSettings(**settings), wall=lambda: 1000.0)
+
+
+def feed(b: AlertBook, *observations: Observation) -> list[set[str]]:
+    """The active alert names after each observation."""
+    out = []
+    for o in observations:
+        b.update(o)
+        out.append({s.name for s in b.active()})
+    return out
+
+
+def test_acceptance_low_raised_below_the_floor_and_the_baseline_and_cleared():
+    b = book(window=60, acceptance_min=0.3, acceptance_margin=0.15, acceptance_min_drafted=50)
+    states = feed(b, Observation(t=0, drafted=0, accepted=0),
+                  Observation(t=10, drafted=40, accepted=0),  # too few drafted to judge
+                  Observation(t=20, drafted=100, accepted=20),  # 0.20 < 0.30
+                  Observation(t=100, drafted=300, accepted=200))  # window: (300-100)/.. = 180/200 = 0.90
+    assert ["acceptance_low" in s for s in states] == [False, False, True, False]
+    # the baseline raises the floor: 0.55 is fine alone, but 0.80 - 0.15 = 0.65 > 0.55
+    b = book(window=60, acceptance_min_drafted=50)
+    s = feed(b, Observation(t=0, baseline_acceptance=0.8), Observation(t=5, drafted=100, accepted=55, baseline_acceptance=0.8))
+    assert "acceptance_low" in s[-1]
+    assert b.states["acceptance_low"].threshold == pytest.approx(0.65) and b.states["acceptance_low"].since == 1000.0
+
+
+def test_vram_high_against_the_watermark_and_the_plan():
+    b = book(vram_watermark=0.95, vram_plan_margin=0.10)
+    s = feed(b, Observation(t=0, vram_used=int(20 * GIB), vram_total=24 * GIB),
+             Observation(t=1, vram_used=int(23.5 * GIB), vram_total=24 * GIB),
+             Observation(t=2, vram_used=int(18 * GIB), vram_total=24 * GIB, vram_planned=16 * GIB),  # > 16 x 1.1
+             Observation(t=3, vram_used=int(17 * GIB), vram_total=24 * GIB, vram_planned=16 * GIB))
+    assert ["vram_high" in x for x in s] == [False, True, True, False]
+    assert "GiB" in b.states["vram_high"].message
+
+
+def test_error_rate_and_queue_saturation_over_the_window():
+    b = book(window=10, error_rate=0.25, error_min_requests=8)
+    s = feed(b, Observation(t=0, requests=0, failed=0),
+             Observation(t=1, requests=5, failed=5),  # 5 requests: too few to judge
+             Observation(t=2, requests=10, failed=6),  # 60 %
+             Observation(t=20, requests=40, failed=6),  # the window moved on: 0 of 30 in it
+             Observation(t=21, requests=41, failed=6, rejected=1),  # a 429
+             Observation(t=22, requests=41, failed=6, rejected=1, queue_depth=4, queue_limit=4),
+             Observation(t=40, requests=41, failed=6, rejected=1, queue_depth=1, queue_limit=4))
+    assert ["error_rate_high" in x for x in s] == [False, False, True, False, False, False, False]
+    assert ["queue_saturated" in x for x in s] == [False, False, False, False, True, True, False]
+
+
+def test_gpu_temperature_power_and_rss_growth():
+    b = book(gpu_temperature_margin=5, gpu_power=0.98, rss_growth=0.25, rss_window=600)
+    s = feed(b, Observation(t=0, gpu_temperature=70, gpu_slowdown=90, gpu_power=200, gpu_power_limit=350, rss=1000),
+             Observation(t=60, gpu_temperature=86, gpu_slowdown=90, gpu_power=345, gpu_power_limit=350, rss=1200),
+             Observation(t=120, gpu_temperature=80, gpu_slowdown=None, gpu_power=100, gpu_power_limit=350, rss=1300),
+             Observation(t=900, gpu_temperature=60, gpu_slowdown=90, gpu_power=100, gpu_power_limit=350, rss=1310))
+    assert ["gpu_temperature_high" in x for x in s] == [False, True, True, False]  # no slowdown reading: 83 - 5
+    assert ["gpu_power_high" in x for x in s] == [False, True, False, False]
+    assert ["rss_growth" in x for x in s] == [False, False, True, False]  # +30 % in 120 s; then the window moved
+
+
+def test_watcher_sets_gauges_and_logs_each_transition_once(caplog):
+    metrics = Metrics()
+    w = AlertWatcher(None, metrics, AlertSettings(window=10, error_min_requests=4))
+    with caplog.at_level(logging.INFO, logger="specdeck.server"):
+        for t, requests, failed in ((0, 0, 0), (1, 4, 4), (2, 8, 8), (3, 12, 12), (30, 100, 12), (31, 100, 12)):
+            w.check(Observation(t=t, requests=requests, failed=failed))
+    gauge = lambda name: metrics.registry.get_sample_value("specdeck_alert", {"name": name})  # noqa: E731
+    assert gauge("error_rate_high") == 0 and all(gauge(n) == 0 for n in NAMES)
+    raised = [r for r in caplog.records if "alert error_rate_high:" in r.getMessage()]
+    cleared = [r for r in caplog.records if "alert error_rate_high cleared" in r.getMessage()]
+    assert len(raised) == 1 and len(cleared) == 1
+    w.check(Observation(t=40, requests=100, failed=12, rejected=3))
+    assert gauge("queue_saturated") == 1
+    snap = {"alerts": w.to_json(), "plan": {}, "model_id": "x"}
+    assert alert_lines(snap) and alert_lines(snap)[0].startswith("queue_saturated since ")
+    assert "ALERTS queue_saturated" in log_line(snap)
+
+
+def test_bad_thresholds_are_one_clear_line(tiny, tmp_path):
+    r = run_cli("serve", "--target", str(tiny.target), "--alert-error-rate", "lots")
+    assert r.returncode != 0 and "--alert-error-rate" in r.stderr and "Traceback" not in r.stderr
+    r = run_cli("serve", "--target", str(tiny.target), env={"SPECDECK_ALERT_WINDOW": "soon"})
+    assert r.returncode == 1 and "bad setting alerts.window" in r.stderr and "Traceback" not in r.stderr
+    config = tmp_path / "c.toml"
+    config.write_text("[alerts]\nvram_watermark = 1.5\n")
+    r = run_cli("serve", "--target", str(tiny.target), "--config", str(config))
+    assert r.returncode == 1 and "bad setting alerts.vram_watermark" in r.stderr
+    config.write_text("[alerts]\nno_such_threshold = 1\n")
+    r = run_cli("serve", "--target", str(tiny.target), "--config", str(config))
+    assert r.returncode == 1 and "no_such_threshold" in r.stderr
+    assert not (Path(os.environ["SPECDECK_HOME"]) / "state" / "revisions").exists()  # nothing recorded
+
+
+# -- a real server -------------------------------------------------------------------------------
+
+class Serve:
+    """`specdeck serve` as a user starts it, its output kept."""
+
+    def __init__(self, *args: str, env: dict | None = None) -> None:
+        self.p = subprocess.Popen([*SPECDECK, "serve", *args], cwd=ROOT, env={**os.environ, **(env or {})},
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.lines: list[str] = []
+        self.reader = threading.Thread(target=lambda: self.lines.extend(iter(self.p.stdout.readline, "")), daemon=True)
+        self.reader.start()
+
+    @property
+    def output(self) -> str:
+        return "".join(self.lines)
+
+    def wait_line(self, text: str, timeout: float = 120) -> bool:
+        return bool(wait_for(lambda: text in self.output or self.p.poll() is not None and text in self.output, timeout))
+
+    def stop(self) -> int:
+        if self.p.poll() is None:
+            self.p.send_signal(signal.SIGTERM)
+        try:
+            return self.p.wait(30)
+        finally:
+            self.p.kill()
+            self.reader.join(5)
+
+
+def answers(port: int) -> bool:
+    r = httpx.post(f"http://127.0.0.1:{port}/v1/completions", json={"prompt": "a b", "max_tokens": 4, "ignore_eos": True},
+                   timeout=60)
+    return r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4
+
+
+def test_alerts_on_the_real_server_error_rate_and_queue_saturation(tiny):
+    port = free_port()
+    s = Serve("--target", str(tiny.target), "--draft", str(tiny.draft), "--port", str(port), "--ctx", "2048",
+              "--parallel", "1", "--max-queue", "1",
+              env={"SPECDECK_ALERT_INTERVAL": "0.2", "SPECDECK_ALERT_WINDOW": "3", "SPECDECK_ALERT_ERROR_MIN_REQUESTS": "5"})
+    url = f"http://127.0.0.1:{port}"
+    try:
+        assert s.wait_line("models loaded"), s.output
+        status = lambda: httpx.get(f"{url}/v1/status").json()  # noqa: E731
+        active = lambda: {a["name"] for a in status()["alerts"] if a["active"]}  # noqa: E731
+        assert {a["name"] for a in status()["alerts"]} == set(NAMES) and not active()
+        for _ in range(8):  # bad requests: each a 400
+            assert httpx.post(f"{url}/v1/chat/completions", content=b"{not json").status_code == 400
+        assert wait_for(lambda: "error_rate_high" in active(), 10), status()["alerts"]
+        metrics = httpx.get(f"{url}/metrics").text
+        assert 'specdeck_alert{name="error_rate_high"} 1.0' in metrics and "specdeck_queue_limit 1.0" in metrics
+        assert wait_for(lambda: "error_rate_high" not in active(), 15)  # the window moved past them
+
+        def long_request(_):
+            return httpx.post(f"{url}/v1/completions", json={"prompt": "a", "max_tokens": 1500, "ignore_eos": True},
+                              timeout=120).status_code
+
+        with __import__("concurrent.futures").futures.ThreadPoolExecutor(6) as pool:
+            codes = list(pool.map(long_request, range(6)))
+            raised = wait_for(lambda: "queue_saturated" in active(), 10)
+        assert 429 in codes and 200 in codes, codes
+        assert raised or "alert queue_saturated:" in s.output, status()["alerts"]
+        assert wait_for(lambda: "queue_saturated" not in active(), 15)
+        out = s.output
+        assert out.count("alert error_rate_high:") == 1 and out.count("alert error_rate_high cleared") == 1
+        assert out.count("alert queue_saturated:") == 1 and out.count("alert queue_saturated cleared") == 1
+        snap = {**status(), "totals": {}, "source": url}
+        assert "ALERT" not in str(render(snap))
+    finally:
+        assert s.stop() == 0, s.output
+
+
+def history() -> dict:
+    r = run_cli("config", "history", "--json")
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def corrupt_copy(src: Path, dst: Path) -> Path:
+    data = bytearray(src.read_bytes())
+    dst.write_bytes(bytes(data[: len(data) // 2]))  # tensor data cut short
+    return dst
+
+
+def test_failed_starts_fall_back_to_the_last_good_revision(tiny, tmp_path):
+    port = free_port()
+    base = ["--target", str(tiny.target), "--draft", str(tiny.draft), "--ctx", "512", "--port", str(port)]
+    first = Serve(*base)
+    assert first.wait_line("models loaded"), first.output
+    assert first.stop() == 0
+    h = history()
+    assert [(r["number"], r["status"]) for r in h["revisions"]] == [(1, "good")] and h["current"]["revision"] == 1
+    rev1 = h["revisions"][0]
+    assert len(rev1["models"]["draft"]["sha256"]) == 64 and rev1["plan"]["ctx"] == 512 and rev1["settings"]["serve"]["port"] == port
+
+    bad_draft = corrupt_copy(tiny.draft, tmp_path / "broken-draft.gguf")
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", 0))
+    busy.listen()
+    taken = busy.getsockname()[1]
+    cases = {
+        "corrupted draft": ["--target", str(tiny.target), "--draft", str(bad_draft), "--ctx", "512", "--port", str(port)],
+        "impossible context": ["--target", str(tiny.target), "--draft", str(tiny.draft), "--ctx", "100000000", "--port", str(port)],
+        "port taken": ["--target", str(tiny.target), "--draft", str(tiny.draft), "--ctx", "512", "--port", str(taken)],
+    }
+    try:
+        for n, (what, args) in enumerate(cases.items(), start=2):
+            s = Serve(*args)
+            try:
+                assert s.wait_line("models loaded"), f"{what}:\n{s.output}"
+                assert f"revision {n} failed (" in s.output and "now serving revision 1" in s.output, s.output
+                assert answers(port), what  # the good revision answers, on its own port
+            finally:
+                assert s.stop() == 0, s.output
+            assert "Traceback" not in s.output
+    finally:
+        busy.close()
+    h = history()
+    assert [(r["number"], r["status"]) for r in h["revisions"]] == [(1, "good"), (2, "failed"), (3, "failed"), (4, "failed")]
+    fails = {r["number"]: r["failure"] for r in h["revisions"]}
+    assert "broken-draft.gguf" in fails[2] and "100,000,000" in fails[3] and f"{taken}" in fails[4]
+    assert h["current"]["revision"] == 1 and h["current"]["fallback"]["from"] == 4
+    assert bad_draft.exists() and tiny.draft.exists() and tiny.target.exists()  # nothing deleted
+
+    table = run_cli("config", "history")
+    assert table.returncode == 0 and "failed" in table.stdout and "fallback from revision 4" in table.stdout
+
+    # the same configuration again is the same revision; --no-fallback exits instead
+    r = run_cli("serve", *cases["corrupted draft"], "--no-fallback")
+    assert r.returncode == 1 and "broken-draft.gguf" in r.stderr and "Traceback" not in r.stderr
+    assert len(history()["revisions"]) == 4 and history()["revisions"][1]["starts"] == 2
+
+    # rollback: a chosen revision starts again; one that does not exist is one clear line
+    r = run_cli("rollback", "9")
+    assert r.returncode == 1 and "there is no revision 9" in r.stderr
+    r = run_cli("rollback", "2", "--no-such-flag")
+    assert r.returncode != 0 and "Traceback" not in r.stderr
+    p = subprocess.Popen([*SPECDECK, "rollback", "1"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        assert wait_for(lambda: _health(port), 60)
+        assert answers(port)
+    finally:
+        p.send_signal(signal.SIGTERM)
+        assert p.wait(30) == 0
+    assert history()["revisions"][0]["starts"] == 5  # its own start, three fallbacks, the rollback
+
+
+def _health(port: int) -> bool:
+    try:
+        return httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def test_a_failed_start_with_no_good_revision_says_so(tiny, tmp_path):
+    bad = corrupt_copy(tiny.draft, tmp_path / "bad.gguf")
+    r = run_cli("serve", "--target", str(tiny.target), "--draft", str(bad), "--port", str(free_port()))
+    assert r.returncode == 1 and "bad.gguf" in r.stderr and "no earlier revision was good" in r.stderr
+    assert [x["status"] for x in history()["revisions"]] == ["failed"]
+    r = run_cli("rollback")
+    assert r.returncode == 1 and "no good revision to roll back to" in r.stderr
+
+
+def test_prune_removes_only_what_no_good_revision_uses(tiny, tmp_path):
+    from app.ops.revisions import RevisionStore
+    from app.settings import paths
+
+    store = paths().store
+    used, unused = store / ("a" * 64) / "used.gguf", store / ("b" * 64) / "unused.gguf"
+    for f in (used, unused):
+        f.parent.mkdir(parents=True)
+        f.write_bytes(tiny.draft.read_bytes())
+    st = RevisionStore(paths().state)
+    good = st.record("serve", {"target": str(used)}, {}, {"target": {"ref": str(used), "path": str(used), "sha256": "x"}})
+    st.mark_good(good)
+    failed = st.record("serve", {"target": str(unused)}, {}, {"target": {"ref": str(unused), "path": str(unused), "sha256": "y"}})
+    st.mark_failed(failed, "it broke")
+    r = run_cli("models", "--prune", "--dry-run")
+    assert r.returncode == 0 and "would remove" in r.stdout and unused.exists() and used.exists()
+    r = run_cli("models", "--prune")
+    assert r.returncode == 0, r.stderr
+    assert used.exists() and not unused.exists() and not unused.parent.exists()
+    assert "removed" in r.stdout and "1 file(s) removed" in r.stdout
