@@ -7,7 +7,10 @@ Tolerances (defaults; `--tolerance NAME=VALUE` changes one, VALUE a share such a
     acceptance         0.10   absolute: 0.62 -> 0.51 is a regression
     ttft               0.25   time to first token (cold, cached, long context): 25 % above, and at least 50 ms
     memory             0.10   peak RSS / VRAM during the long-context request: 10 % above
-    errors             0      any failed request, restart or unexplained greedy difference
+    errors             0      any failed request, restart, unexplained greedy difference, or the draft gone
+
+Acceptance is compared only where both runs drafted at least MIN_DRAFTED tokens: the adaptive
+controller may judge plain decoding faster on a machine and draft little.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from pathlib import Path
 from app.errors import SpecdeckError
 
 TOLERANCES = {"tokens_per_second": 0.10, "acceptance": 0.10, "ttft": 0.25, "memory": 0.10, "errors": 0.0}
+MIN_DRAFTED = 32  # an adaptive controller that drafted a handful of tokens gives no acceptance worth comparing
 TTFT_FLOOR_S = 0.05  # a cached TTFT of 20 ms against 15 ms is noise, not a regression
 
 # figure -> (tolerance, direction): "down" = lower is worse (relative), "down_abs", "up" = higher is worse
@@ -28,7 +32,8 @@ RULES = {
     "decode_tps_plain": ("tokens_per_second", "down"),
     "throughput_1": ("tokens_per_second", "down"),
     "throughput_parallel": ("tokens_per_second", "down"),
-    "acceptance": ("acceptance", "down_abs"),
+    "acceptance": ("acceptance", "down_abs"),  # judged where both runs drafted MIN_DRAFTED tokens or more
+    "draft_model": ("errors", "lost"),
     "ttft_cold_s": ("ttft", "up"),
     "ttft_cached_s": ("ttft", "up"),
     "long_ctx_ttft_s": ("ttft", "up"),
@@ -82,6 +87,12 @@ def compare(baseline: dict, now: dict, tolerances: dict[str, float]) -> list[Fin
     for fig, (tol_name, how) in RULES.items():
         old, new = baseline.get(fig), now.get(fig)
         tol = tolerances[tol_name]
+        if how == "lost":
+            if old and not new:
+                out.append(Finding(fig, 1.0, 0.0, None, True, "the draft model is gone (the baseline had one)"))
+            continue
+        if fig == "acceptance" and (baseline.get("drafted", MIN_DRAFTED) < MIN_DRAFTED or now.get("drafted", MIN_DRAFTED) < MIN_DRAFTED):
+            continue
         if how == "count":
             if new is None:
                 continue

@@ -27,9 +27,14 @@ from app.errors import SpecdeckError
 GAP_TOLERANCE = 1.0  # logits: a top-two gap within this is a near-tie that batch numerics can flip (single vs
 # batched numerics differ by up to ~0.8 here; `specdeck verify` and `validate` share the rule)
 
-DECODE_PROMPTS = (
+EDIT_SOURCE = (
+    "def parse_line(line):\n    name, _, value = line.partition('=')\n    name = name.strip()\n"
+    "    value = value.strip()\n    if not name:\n        raise ValueError('empty name')\n    return name, value\n"
+)
+DECODE_PROMPTS = (  # a code edit (the answer copies the request: what coding agents send most) and a completion
+    f"# Add type hints to this function. Keep everything else as it is.\n{EDIT_SOURCE}\n# With type hints:\n"
+    "def parse_line(line: str) -> tuple[str, str]:\n",
     "def quicksort(items: list[int]) -> list[int]:\n    \"\"\"Sort a list of integers.\"\"\"\n",
-    "The three most common causes of a memory leak in a long-running Python service are",
 )
 EQUIVALENCE_PROMPTS = (
     "def fibonacci(n: int) -> list[int]:\n    \"\"\"Return the first n Fibonacci numbers.\"\"\"\n",
@@ -199,8 +204,9 @@ class Sampler:
 
 # -- the checks ----------------------------------------------------------------------------------
 
-def wait_ready(client: Client, timeout: float) -> float:
-    """Seconds until /health answers 200 (a server still loading answers 503); raises after `timeout`."""
+def wait_ready(client: Client, timeout: float, unreachable: float = 5.0) -> float:
+    """Seconds until /health answers 200: a server still loading (503) is waited for up to `timeout`,
+    one that does not answer at all for `unreachable` seconds (specdeck binds before it loads)."""
     t0 = time.monotonic()
     while True:
         try:
@@ -210,7 +216,7 @@ def wait_ready(client: Client, timeout: float) -> float:
             if r.status_code != 503:
                 raise SpecdeckError(f"GET /health answered HTTP {r.status_code}: {r.text[:200]}")
         except httpx.HTTPError as e:
-            if time.monotonic() - t0 > timeout:
+            if time.monotonic() - t0 > unreachable:
                 raise SpecdeckError(f"cannot reach {client.url}: {e}") from None
         if time.monotonic() - t0 > timeout:
             raise SpecdeckError(f"{client.url} is still loading after {timeout:.0f} s")
@@ -261,7 +267,6 @@ def check_smoke(client: Client, opts: Options, facts: dict) -> Check:
 def check_decode(client: Client, opts: Options, facts: dict) -> Check:
     """Fixed-length greedy generation, speculation on and off in ABBA order per prompt; the server's own
     decode timings (prompt evaluation excluded)."""
-    speculative = bool((facts["status"].get("models") or {}).get("draft")) or facts["status"].get("speculative_default")
     runs: dict[bool, list[dict]] = {True: [], False: []}
     for prompt in DECODE_PROMPTS:
         for _ in range(opts.repeats):
@@ -274,14 +279,15 @@ def check_decode(client: Client, opts: Options, facts: dict) -> Check:
     steps = [r["tokens_per_step"] for r in runs[True] if r.get("tokens_per_step")]
     acceptance = accepted / drafted if drafted else None
     figures = {"decode_tps_spec": tps[True], "decode_tps_plain": tps[False], "spec_ratio": tps[True] / tps[False],
-               "acceptance": acceptance, "tokens_per_step": statistics.median(steps) if steps else None}
+               "acceptance": acceptance, "drafted": drafted, "draft_model": bool((facts["status"].get("models") or {}).get("draft")),
+               "tokens_per_step": statistics.median(steps) if steps else None}
     lo_hi = {m: (min(r["predicted_per_second"] for r in runs[m]), max(r["predicted_per_second"] for r in runs[m])) for m in runs}
     text = (f"{tps[True]:.1f} tok/s speculative ({lo_hi[True][0]:.1f}-{lo_hi[True][1]:.1f}) vs {tps[False]:.1f} plain "
             f"({lo_hi[False][0]:.1f}-{lo_hi[False][1]:.1f}): {figures['spec_ratio']:.2f} x; acceptance "
             f"{'-' if acceptance is None else f'{acceptance:.2f}'}, {figures['tokens_per_step'] or 0:.2f} tokens/step")
-    status = "ok" if speculative and drafted else "warn"
-    if status == "warn":
-        text += " (nothing was drafted: no draft model and no lookup match)"
+    status = "ok" if drafted else "warn"
+    if not drafted:
+        text += " (nothing was drafted: the controller judged plain decoding faster here, or there is no draft)"
     return Check("decode speed", status, text, figures)
 
 
@@ -389,7 +395,7 @@ def check_long_context(client: Client, opts: Options, facts: dict, sampler: Samp
     models = client.get("/v1/models")
     n_ctx = int(((models.get("data") or [{}])[0].get("meta") or {}).get("n_ctx") or status.get("plan", {}).get("ctx") or 0)
     want = n_ctx - opts.context_margin - 16
-    if want < 256:
+    if want < 128:
         return Check("long context", "skip", f"the context ({n_ctx} tokens) leaves no room for a long document", {})
     doc = long_document(client, want)
     since = time.monotonic()
