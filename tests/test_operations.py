@@ -45,6 +45,15 @@ def wait_for(what, timeout: float, every: float = 0.25):
     return None
 
 
+def drawn(snap: dict) -> str:
+    """The dashboard as it appears on an 80-column terminal."""
+    from rich.console import Console
+
+    console = Console(width=80, record=True, file=open(os.devnull, "w"))
+    console.print(render(snap))
+    return console.export_text()
+
+
 # -- alerts from injected figures ----------------------------------------------------------------
 
 def book(**settings) -> AlertBook:
@@ -124,6 +133,8 @@ def test_watcher_sets_gauges_and_logs_each_transition_once(caplog):
     snap = {"alerts": w.to_json(), "plan": {}, "model_id": "x"}
     assert alert_lines(snap) and alert_lines(snap)[0].startswith("queue_saturated since ")
     assert "ALERTS queue_saturated" in log_line(snap)
+    screen = drawn(snap)
+    assert "ALERT" in screen and "queue_saturated since" in screen
 
 
 def test_bad_thresholds_are_one_clear_line(tiny, tmp_path):
@@ -208,7 +219,7 @@ def test_alerts_on_the_real_server_error_rate_and_queue_saturation(tiny):
         assert out.count("alert error_rate_high:") == 1 and out.count("alert error_rate_high cleared") == 1
         assert out.count("alert queue_saturated:") == 1 and out.count("alert queue_saturated cleared") == 1
         snap = {**status(), "totals": {}, "source": url}
-        assert "ALERT" not in str(render(snap))
+        assert "ALERT" not in drawn(snap) and "requests" in drawn(snap)
     finally:
         assert s.stop() == 0, s.output
 
@@ -324,3 +335,32 @@ def test_prune_removes_only_what_no_good_revision_uses(tiny, tmp_path):
     assert r.returncode == 0, r.stderr
     assert used.exists() and not unused.exists() and not unused.parent.exists()
     assert "removed" in r.stdout and "1 file(s) removed" in r.stdout
+
+
+def test_under_systemd_the_fallback_is_on_the_status_line(tiny, tmp_path):
+    """The notify protocol (as systemd sees it): a failed start's fallback reaches READY=1 and says
+    on its STATUS= line which revision serves and why."""
+    import tempfile
+
+    port = free_port()
+    good = Serve("--target", str(tiny.target), "--draft", str(tiny.draft), "--ctx", "512", "--port", str(port))
+    assert good.wait_line("models loaded"), good.output
+    assert good.stop() == 0
+    sock_path = Path(tempfile.mkdtemp(prefix="sdn")) / "notify"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    listener.bind(str(sock_path))
+    listener.settimeout(60)
+    bad = corrupt_copy(tiny.draft, tmp_path / "cut.gguf")
+    s = Serve("--target", str(tiny.target), "--draft", str(bad), "--ctx", "512", "--port", str(port),
+              env={"NOTIFY_SOCKET": str(sock_path)})
+    try:
+        got: list[str] = []
+        while not any("READY=1" in m for m in got):
+            got.append(listener.recv(4096).decode())
+        ready = next(m for m in got if "READY=1" in m)
+        assert "revision 1" in ready and "fallback from revision 2" in ready and "cut.gguf" in ready, got
+        assert any(m.startswith("STATUS=revision 2 failed") for m in got), got
+        assert answers(port)
+    finally:
+        assert s.stop() == 0, s.output
+        listener.close()

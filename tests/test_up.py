@@ -7,6 +7,7 @@ presses Ctrl-C and checks a clean exit. The rest run on the tiny models or stop 
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
@@ -159,6 +160,8 @@ def test_up_not_a_tty_logs_lines_and_sigterm_stops_it_cleanly(tiny, tmp_path):
     lines = [line for line in out.splitlines() if line.startswith("specdeck: tok/s")]
     assert lines and "done 2" in lines[-1] and "tokens_out 13" in lines[-1]  # the start-up smoke (8 tokens), then ours
     assert "[7/7] serve" in err and "stopped cleanly" in err and "Traceback" not in err
+    revs = json.loads(run_cli("config", "history", "--json").stdout)["revisions"]
+    assert [(r["command"], r["status"]) for r in revs] == [("up", "good")] and "smoke: 8 tokens, revision 1" in err
 
 
 def _get(url: str, key: str | None = None) -> int | None:

@@ -69,17 +69,19 @@ def test_validate_saves_a_baseline_then_compares_unchanged_and_slowed(real_pair)
                     "ttft_cached_s", "throughput_1", "throughput_parallel", "long_ctx_tokens", "long_ctx_ttft_s", "peak_memory"):
             assert f[key] is not None and f[key] > 0, key
         assert f["ttft_cached_s"] < f["ttft_cold_s"] and 200 < f["long_ctx_tokens"] <= 512 and f["errors"] == 0
+        assert f["restarts"] == 0
         saved = Path(data["saved_baseline"])
         record = json.loads(saved.read_text())
         assert record["preset"] == "custom" and record["machine"]["cores"] >= 1 and record["machine"]["cpu"]
         assert len(record["digests"]["target"]) == 64 and record["plan"]["ctx"] == 512 and record["date"].startswith("20")
         assert record["figures"] == f and record["revision"] == 1
 
-        # unchanged: the same server again. With 16-token runs on this shared 2-core VM, aggregate tokens/s
-        # moves by up to ~25 % between two runs (measured: -1 % plain decode, +32 % speculative, a parallel
-        # throughput regression at -10 %), so this compare widens the tokens/s tolerance to 30 %; the
-        # documented -10 % holds for the default 64-token, two-round runs on a quiet machine.
-        code, data, err = validate("--url", served.url, *SHORT, "--compare", "--tolerance", "tokens_per_second=30%")
+        # unchanged: the same server again. With 16-token runs on this shared 2-core VM, tokens/s moves
+        # by up to ~25 % between two runs (measured: -1 % plain decode, +32 % speculative, parallel
+        # throughput beyond -10 %), so this compare widens both tokens/s tolerances to 30 %. With the
+        # default 64-token, two-round runs an unchanged restart measured -4 % / -5 % decode (within 10 %).
+        code, data, err = validate("--url", served.url, *SHORT, "--compare", "--tolerance", "tokens_per_second=30%",
+                                   "--tolerance", "throughput=30%")
         assert code == 0, (data.get("regressions"), [x["text"] for x in data.get("comparison") or []], err)
         assert data["baseline"] == str(saved) and data["comparison"] and not data["regressions"]
 
@@ -140,9 +142,11 @@ def test_compare_rules_flag_what_the_issue_names():
 
 
 def test_health_waits_for_a_loading_server(tiny):
-    """validate --url against a server still loading waits for it, then runs (checks fail on random weights'
-    text, but health is ok and the run is complete)."""
+    """validate --url against a server still loading waits for it, then runs, soak included (the smoke
+    check fails on random weights' text, but health is ok and the run is complete)."""
     with Served("--target", str(tiny.target), "--draft", str(tiny.draft), "--ctx", "1024") as s:
-        code, data, err = validate("--url", s.url, *SHORT)
+        code, data, err = validate("--url", s.url, *SHORT, "--soak", "0.1")
     checks = {c["name"]: c["status"] for c in data["checks"]}
     assert checks["health"] == "ok" and checks["decode speed"] in ("ok", "warn") and "errors" in checks, err
+    f = data["figures"]  # a 6-second soak: requests and streams at `parallel` streams, none failed, no restart
+    assert checks["soak"] == "ok" and f["soak_requests"] > 4 and f["soak_errors"] == 0 and f["soak_restarts"] == 0, err

@@ -19,7 +19,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from app.commands.common import alert_settings, console, out, serve_settings
-from app.commands.serve import model_record, serve_once, server_logging
+from app.commands.serve import model_record, serve_once, served_name, server_logging
 from app.commands.up import up_once
 from app.errors import SpecdeckError
 from app.ops.alerts import AlertSettings
@@ -74,7 +74,7 @@ def _start(rev: Revision, args: argparse.Namespace, settings: ServeSettings, ale
         st.mark_good(rev, start.plan)
         st.set_current(rev, fallback_from=failed, reason=reason)
 
-    start = Start(alerts=alerts, baseline_acceptance=baseline_acceptance(rev.name), on_good=good,
+    start = Start(alerts=alerts, baseline_acceptance=baseline_acceptance(rev.name), on_good=good, timeout=settings.start_timeout,
                   revision=rev.number, digests={role: m.get("sha256") for role, m in rev.models.items()},
                   status_line=status_line)
     return _runner(rev.command)(args, settings, start)
@@ -87,7 +87,8 @@ def run_revisioned(args: argparse.Namespace, command: str) -> int:
     settings = serve_settings(args, args.api_key_file)
     alerts = alert_settings(args)
     st = store()
-    rev = st.record(command, args_json(args), settings_json(settings, alerts), model_record(args, settings))
+    rev = st.record(command, args_json(args), settings_json(settings, alerts), model_record(args, settings),
+                    served_name(args))
     try:
         return _start(rev, args, settings, alerts)
     except (StartFailed, SpecdeckError) as e:

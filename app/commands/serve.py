@@ -128,6 +128,11 @@ def local_server(args: argparse.Namespace, settings: ServeSettings):
         sock.close()
 
 
+def served_name(args: argparse.Namespace) -> str:
+    """The name the selection is served under (a preset's, else "custom")."""
+    return make_selection(args, catalog_from_args(args)).name
+
+
 def model_record(args: argparse.Namespace, settings: ServeSettings) -> dict:
     """role -> {"ref", "path", "sha256"} for a revision, as far as the files can be found and hashed
     (a missing file is recorded as its reference: the start then fails and says why). A selection that

@@ -41,10 +41,11 @@ class Revision:
     good_at: str | None = None
     failure: str | None = None  # the last failure, with its date
     starts: int = 0
+    preset: str = ""  # the served name (the preset, or "custom"): what baselines are keyed by
 
     @property
     def name(self) -> str:
-        return str(self.args.get("name") or self.args.get("target") or "?")
+        return self.preset or str(self.args.get("name") or self.args.get("target") or "?")
 
     def summary(self) -> str:
         order = {"target": 0, "draft": 1, "embedding": 2}
@@ -110,14 +111,15 @@ class RevisionStore:
         with self._locked():
             _write_json(self._path(rev.number), asdict(rev))
 
-    def record(self, command: str, args: dict, settings: dict, models: dict) -> Revision:
+    def record(self, command: str, args: dict, settings: dict, models: dict, preset: str = "") -> Revision:
         """This start's revision: an earlier one with the same configuration, else a new number."""
         key = config_key(command, args, settings, models)
         with self._locked():
             revs = self.all()
             rev = next((r for r in reversed(revs) if r.key == key), None)
             if rev is None:
-                rev = Revision(max((r.number for r in revs), default=0) + 1, command, args, settings, models, key)
+                rev = Revision(max((r.number for r in revs), default=0) + 1, command, args, settings, models, key,
+                               preset=preset)
             _write_json(self._path(rev.number), asdict(rev))
         return rev
 

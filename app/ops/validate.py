@@ -24,6 +24,7 @@ import httpx
 
 from app.errors import SpecdeckError
 
+RETRIES_429 = 5
 GAP_TOLERANCE = 1.0  # logits: a top-two gap within this is a near-tie that batch numerics can flip (single vs
 # batched numerics differ by up to ~0.8 here; `specdeck verify` and `validate` share the rule)
 
@@ -76,13 +77,15 @@ class Options:
 # -- the HTTP client -----------------------------------------------------------------------------
 
 class Client:
-    """The server's API with the key, counting every unexpected answer as an error."""
+    """The server's API with the key, counting every unexpected answer as an error (a 429 is retried
+    after its Retry-After, as the SDKs do, and counted apart)."""
 
     def __init__(self, url: str, api_key: str | None = None, timeout: float = 900.0) -> None:
         self.url = url.rstrip("/")
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout)
         self.errors: list[str] = []
+        self.refused = 0  # 429s waited out
         self.lock = threading.Lock()
 
     def close(self) -> None:
@@ -103,12 +106,24 @@ class Client:
             raise SpecdeckError(f"GET {path} answered HTTP {r.status_code}: {r.text[:200]}")
         return r.json()
 
+    def _refused(self, r: httpx.Response, attempt: int) -> bool:
+        """A 429 (the queue or the KV pool full) is waited out as the SDKs do: Retry-After, a few times."""
+        if r.status_code != 429 or attempt >= RETRIES_429:
+            return False
+        with self.lock:
+            self.refused += 1
+        time.sleep(float(r.headers.get("retry-after") or 1))
+        return True
+
     def post(self, path: str, body: dict) -> dict:
-        try:
-            r = self.http.post(path, json=body)
-        except httpx.HTTPError as e:
-            self._fail(f"POST {path}: {e}")
-            raise SpecdeckError(f"POST {path} failed: {e}") from None
+        for attempt in range(RETRIES_429 + 1):
+            try:
+                r = self.http.post(path, json=body)
+            except httpx.HTTPError as e:
+                self._fail(f"POST {path}: {e}")
+                raise SpecdeckError(f"POST {path} failed: {e}") from None
+            if not self._refused(r, attempt):
+                break
         if r.status_code != 200:
             self._fail(f"POST {path}: HTTP {r.status_code}")
             raise SpecdeckError(f"POST {path} answered HTTP {r.status_code}: {r.text[:200]}")
@@ -119,19 +134,23 @@ class Client:
         """(seconds since the request was sent, event) for each server-sent event."""
         t0 = time.perf_counter()
         try:
-            with self.http.stream("POST", path, json={**body, "stream": True}) as r:
-                if r.status_code != 200:
-                    r.read()
-                    self._fail(f"POST {path} (stream): HTTP {r.status_code}")
-                    raise SpecdeckError(f"POST {path} (stream) answered HTTP {r.status_code}: {r.text[:200]}")
-                buffer = b""
-                for chunk in r.iter_bytes():
-                    buffer += chunk
-                    while b"\n\n" in buffer:
-                        event, buffer = buffer.split(b"\n\n", 1)
-                        for line in event.decode("utf-8").splitlines():  # strict UTF-8
-                            if line.startswith("data: ") and line[6:].strip() != "[DONE]":
-                                yield time.perf_counter() - t0, json.loads(line[6:])
+            for attempt in range(RETRIES_429 + 1):
+                with self.http.stream("POST", path, json={**body, "stream": True}) as r:
+                    if r.status_code != 200:
+                        r.read()
+                        if self._refused(r, attempt):
+                            continue
+                        self._fail(f"POST {path} (stream): HTTP {r.status_code}")
+                        raise SpecdeckError(f"POST {path} (stream) answered HTTP {r.status_code}: {r.text[:200]}")
+                    buffer = b""
+                    for chunk in r.iter_bytes():
+                        buffer += chunk
+                        while b"\n\n" in buffer:
+                            event, buffer = buffer.split(b"\n\n", 1)
+                            for line in event.decode("utf-8").splitlines():  # strict UTF-8
+                                if line.startswith("data: ") and line[6:].strip() != "[DONE]":
+                                    yield time.perf_counter() - t0, json.loads(line[6:])
+                    return
         except httpx.HTTPError as e:
             self._fail(f"POST {path} (stream): {e}")
             raise SpecdeckError(f"POST {path} (stream) failed: {e}") from None
@@ -154,10 +173,15 @@ class Sampler:
         self.client, self.period = client, period
         self.samples: list[dict] = []
         self.restarts = 0
+        self.lock = threading.Lock()  # one reading at a time, so uptimes arrive in order
         self._stop = threading.Event()
         self.thread = threading.Thread(target=self._run, name="validate-sampler", daemon=True)
 
     def _read(self) -> None:
+        with self.lock:
+            self._read_locked()
+
+    def _read_locked(self) -> None:
         try:
             r = self.client.http.get("/v1/status", timeout=10)
             s = r.json() if r.status_code == 200 else None
@@ -431,7 +455,7 @@ def check_soak(client: Client, opts: Options, facts: dict, sampler: Sampler | No
     if opts.soak_minutes <= 0:
         return Check("soak", "skip", "not asked (--soak MIN)", {})
     parallel = int((facts["status"].get("plan") or {}).get("parallel") or 1)
-    errors_before = len(client.errors)
+    errors_before, refused_before = len(client.errors), client.refused
     restarts_before = sampler.restarts if sampler else 0
     since, end = time.monotonic(), time.monotonic() + opts.soak_minutes * 60
     done = [0]
@@ -440,9 +464,8 @@ def check_soak(client: Client, opts: Options, facts: dict, sampler: Sampler | No
         i = 0
         while time.monotonic() < end:
             try:
-                if i % 3 == 2:
-                    list(client.stream("/v1/chat/completions", {"messages": [{"role": "user", "content": f"Name a colour ({w}.{i})."}],
-                                                                 "max_tokens": 24}))
+                if i % 3 == 2:  # streamed through the OpenAI route (a plain prompt: any model, template or not)
+                    list(client.stream("/v1/completions", {"prompt": f"# a colour ({w}.{i}):", "max_tokens": 24}))
                 else:
                     completion(client, DECODE_PROMPTS[i % 2] + f"# {w}.{i}\n", 32, ignore_eos=False,
                                temperature=0.7 if i % 2 else 0.0)
@@ -458,10 +481,13 @@ def check_soak(client: Client, opts: Options, facts: dict, sampler: Sampler | No
     errors = len(client.errors) - errors_before
     restarts = (sampler.restarts if sampler else 0) - restarts_before
     trend = sampler.rss_trend(since) if sampler else None
-    figures = {"soak_requests": done[0], "soak_errors": errors, "soak_restarts": restarts, "soak_rss_mib_per_min": trend}
+    refused = client.refused - refused_before
+    figures = {"soak_requests": done[0], "soak_errors": errors, "soak_restarts": restarts, "soak_refused": refused,
+               "soak_rss_mib_per_min": trend}
     status = "fail" if errors or restarts else "ok"
-    return Check("soak", status, f"{opts.soak_minutes:g} min, {done[0]} requests at {parallel} stream(s), {errors} error(s), "
-                 f"{restarts} restart(s), RSS trend {'-' if trend is None else f'{trend:+.1f}'} MiB/min", figures)
+    first = f" (first: {client.errors[errors_before]})" if errors else ""
+    return Check("soak", status, f"{opts.soak_minutes:g} min, {done[0]} requests at {parallel} stream(s), {errors} error(s){first}, "
+                 f"{refused} refused with 429 and retried, {restarts} restart(s), RSS trend {'-' if trend is None else f'{trend:+.1f}'} MiB/min", figures)
 
 
 def check_gpu(sampler: Sampler) -> Check:

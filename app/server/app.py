@@ -114,7 +114,7 @@ def create_app(settings: ServeSettings, service: Service) -> FastAPI:
     @app.get("/v1/status")
     async def status():
         require_ready(service)
-        return status_json(service, metrics)
+        return {**status_json(service, metrics), "settings": settings.model_dump(exclude={"api_key"})}
 
     @app.get("/metrics")
     async def prometheus():

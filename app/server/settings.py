@@ -25,6 +25,8 @@ class ServeSettings(BaseSettings):
     request_timeout: float = Field(600.0, gt=0, description="wall-clock limit per request, seconds")
     max_tokens: int = Field(4096, ge=1, description="cap on max_tokens per request")
     shutdown_grace: float = Field(2.0, ge=0, description="seconds generation in flight may go on after SIGTERM")
+    start_timeout: float = Field(900.0, gt=0, description="seconds a start may take to load and pass its smoke request "
+                                                          "before it counts as failed (and the last good revision starts)")
     max_body_bytes: int = Field(8 * 2**20, ge=1024, description="largest request body accepted (413 beyond)")
     draft_max: int | None = Field(None, ge=0, le=64, description="most tokens drafted per step (default: the planner chooses)")
     speculative: bool = Field(True, description="speculation on by default (requests can turn it off)",
