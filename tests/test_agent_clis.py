@@ -21,7 +21,9 @@ pytestmark = pytest.mark.real
 ROOT = Path(__file__).resolve().parents[1]
 NPM_DIR = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "specdeck" / "npm"
 CLIS = {"claude": "@anthropic-ai/claude-code@2.1.197", "codex": "@openai/codex@0.171.0"}
-PROMPT = "What is the capital of France? Answer with one word."
+# The CLIs sample at their own temperature (1.0) with a fresh seed: the question must be one the 0.5B
+# model answers right nearly always ("the capital of France" once came back "Berlin").
+PROMPT = "What is 2 + 2? Answer with one number."
 
 
 def _can_unshare() -> bool:
@@ -67,7 +69,7 @@ def test_claude_code_answers_through_the_messages_api(clis, real_pair, tmp_path)
                     '--model claude-sonnet-4-5 --tools Read --system-prompt "You are a concise assistant."', port)
     log = (tmp_path / "serve.log").read_text()
     assert run.returncode == 0, (run.stdout[-2000:], run.stderr[-2000:], log[-2000:])
-    assert "paris" in run.stdout.lower(), run.stdout
+    assert "4" in run.stdout, run.stdout
     assert '"path": "/v1/messages", "status": 200' in log
 
 
@@ -83,5 +85,5 @@ def test_codex_cli_answers_through_the_responses_api(clis, real_pair, tmp_path):
                     f'--skip-git-repo-check "{PROMPT}"', port)
     log = (tmp_path / "serve.log").read_text()
     assert run.returncode == 0, (run.stdout[-2000:], run.stderr[-2000:], log[-2000:])
-    assert "paris" in run.stdout.lower(), (run.stdout, run.stderr[-1000:])
+    assert "4" in run.stdout, (run.stdout, run.stderr[-1000:])
     assert '"path": "/v1/responses", "status": 200' in log
