@@ -40,7 +40,7 @@ def args_json(args: argparse.Namespace) -> dict:
 
 
 def settings_json(settings: ServeSettings, alerts: AlertSettings) -> dict:
-    return {"serve": settings.model_dump(exclude={"api_key"}), "alerts": alerts.model_dump(),
+    return {"serve": settings.model_dump(mode="json", exclude={"api_key"}), "alerts": alerts.model_dump(mode="json"),
             "api_key_set": bool(settings.api_key)}
 
 

@@ -81,7 +81,7 @@ def serve_once(args: argparse.Namespace, settings: ServeSettings, start) -> int:
 
     r = resolve(args, settings)
     start.machine = machine_facts(r.hw)
-    console.print(f"serving {r.name} on http://{settings.host}:{settings.port} (context {r.plan.ctx:,}, "
+    console.print(f"serving {r.name} on {settings.scheme}://{settings.host}:{settings.port} (context {r.plan.ctx:,}, "
                   f"{r.plan.parallel} slots, speculation {'on' if settings.speculative and r.draft else 'lookup only' if settings.speculative else 'off'}"
                   + (f", revision {start.revision}" if start.revision else "") + ")")
     return serve(settings, r.plan, r.target, r.draft, args.threads or r.hw.cpu_count, r.name, r.embedder, start)
@@ -117,7 +117,7 @@ def local_server(args: argparse.Namespace, settings: ServeSettings):
         attach(service, loaded, settings, app.state.count)
         http = HttpThread(app, sock)
         http.start()
-        yield f"http://127.0.0.1:{settings.port}"
+        yield f"{settings.scheme}://127.0.0.1:{settings.port}"
     finally:
         if http is not None:
             http.stop()

@@ -219,7 +219,7 @@ def up(args: argparse.Namespace, settings: ServeSettings, console: Console, out:
             start.plan = prep.plan.to_json()
             threads = args.threads or prep.hw.cpu_count
             loaded = load_and_warm(prep, threads, settings.speculative, steps)
-            url = f"http://{settings.host}:{settings.port}"
+            url = f"{settings.scheme}://{settings.host}:{settings.port}"
             with steps.step("serve") as r:
                 service = build_service(prep.plan, prep.target, prep.draft, prep.name)
                 app = create_app(settings, service)
@@ -232,7 +232,7 @@ def up(args: argparse.Namespace, settings: ServeSettings, console: Console, out:
                 http = HttpThread(app, sock)
                 http.start()
                 try:
-                    smoked = smoke_request(local_url(settings), settings.api_key)
+                    smoked = smoke_request(local_url(settings), settings.api_key, app.state.self_headers)
                 except SpecdeckError as e:
                     raise StartFailed(f"smoke request failed: {e.message}") from None
                 if start.on_good is not None:

@@ -80,10 +80,11 @@ class Client:
     """The server's API with the key, counting every unexpected answer as an error (a 429 is retried
     after its Retry-After, as the SDKs do, and counted apart)."""
 
-    def __init__(self, url: str, api_key: str | None = None, timeout: float = 900.0) -> None:
+    def __init__(self, url: str, api_key: str | None = None, timeout: float = 900.0, headers: dict | None = None,
+                 verify: bool = True) -> None:
         self.url = url.rstrip("/")
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self.http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout)
+        headers = {**({"Authorization": f"Bearer {api_key}"} if api_key else {}), **(headers or {})}
+        self.http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout, verify=verify)
         self.errors: list[str] = []
         self.refused = 0  # 429s waited out
         self.lock = threading.Lock()
@@ -556,11 +557,11 @@ def figures_of(checks: list[Check]) -> dict:
     return out
 
 
-def smoke_request(url: str, api_key: str | None, timeout: float = 300.0) -> str:
+def smoke_request(url: str, api_key: str | None, headers: dict | None = None, timeout: float = 300.0) -> str:
     """The start-up smoke: /health answers 200 and a short completion comes back (the text itself is
     judged by `validate`'s smoke check: a random-weight test model writes arbitrary bytes).
     Returns a short result; raises SpecdeckError saying what failed."""
-    client = Client(url, api_key, timeout)
+    client = Client(url, api_key, timeout, headers, verify=False)  # the server itself, on loopback: its own certificate
     try:
         client.get("/health")
         r = client.post("/v1/completions", {"prompt": "Hello", "max_tokens": 8, "temperature": 0.0})

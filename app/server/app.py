@@ -7,6 +7,7 @@ from __future__ import annotations
 import hmac
 import json
 import logging
+import secrets
 import time
 
 from fastapi import FastAPI, Request
@@ -18,6 +19,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app import __version__
+from app.server.access import SELF_HEADER, SourceAllowlist
 from app.server.anthropic import add_anthropic_routes
 from app.server.core import (
     Service,
@@ -76,8 +78,13 @@ def create_app(settings: ServeSettings, service: Service) -> FastAPI:
                              "ms": round((time.perf_counter() - t) * 1e3, 1)}))
         return response
 
-    if settings.cors_origins:  # outermost, so refusals (401, 413) carry the CORS headers too
+    if settings.cors_origins:  # so refusals (401, 413) carry the CORS headers too
         app.add_middleware(CORSMiddleware, **cors_options(settings.cors_origins))
+    # outermost: a source outside --allow-from gets 403 before anything else reads its request
+    token = secrets.token_hex(16)
+    app.state.self_headers = {SELF_HEADER: token}  # the server's own smoke request and watchdog check
+    app.add_middleware(SourceAllowlist, allow=settings.networks("allow_from"), trusted=settings.networks("trusted_proxies"),
+                       self_token=token)
 
     @app.exception_handler(ApiError)
     async def api_error(request: Request, e: ApiError):
@@ -114,7 +121,7 @@ def create_app(settings: ServeSettings, service: Service) -> FastAPI:
     @app.get("/v1/status")
     async def status():
         require_ready(service)
-        return {**status_json(service, metrics), "settings": settings.model_dump(exclude={"api_key"})}
+        return {**status_json(service, metrics), "settings": settings.model_dump(mode="json", exclude={"api_key"})}
 
     @app.get("/metrics")
     async def prometheus():

@@ -91,7 +91,12 @@ class _Server(uvicorn.Server):
 
 
 def _server(app) -> uvicorn.Server:
-    config = uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=10)
+    settings = app.state.settings
+    tls = {"ssl_certfile": str(settings.tls_cert), "ssl_keyfile": str(settings.tls_key)} if settings.tls_cert else {}
+    # proxy_headers off: uvicorn would otherwise believe X-Forwarded-For from any loopback peer; the
+    # client address is app/server/access.py's, from --trusted-proxies only
+    config = uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=10,
+                            proxy_headers=False, **tls)
     return _Server(config)
 
 
@@ -156,7 +161,7 @@ def watch_alerts(service: Service, metrics, start: Start) -> None:
 
 def local_url(settings: ServeSettings) -> str:
     host = "127.0.0.1" if settings.host in ("0.0.0.0", "") else "[::1]" if settings.host == "::" else settings.host
-    return f"http://{host}:{settings.port}"
+    return f"{settings.scheme}://{host}:{settings.port}"
 
 
 def serve(settings: ServeSettings, plan: Plan, target: ModelInfo, draft: ModelInfo | None, threads: int,
@@ -195,14 +200,15 @@ def serve(settings: ServeSettings, plan: Plan, target: ModelInfo, draft: ModelIn
         while not server.started and not stop.is_set():
             time.sleep(0.02)
         try:
-            result = smoke_request(url, settings.api_key)
+            result = smoke_request(url, settings.api_key, app.state.self_headers)
         except SpecdeckError as e:
             fail(f"smoke request failed: {e.message}")
             return
         state["good"] = True
         if start.on_good is not None:
             start.on_good()
-        log.warning("specdeck: models loaded, serving on http://%s:%d (smoke: %s)", settings.host, settings.port, result)
+        log.warning("specdeck: models loaded, serving on %s://%s:%d (smoke: %s)", settings.scheme, settings.host,
+                    settings.port, result)
         sdnotify.notify(f"READY=1\nSTATUS=serving {model_id} on {settings.host}:{settings.port}"
                         + (f", revision {start.revision}" if start.revision else "") + tail)
 
@@ -213,7 +219,7 @@ def serve(settings: ServeSettings, plan: Plan, target: ModelInfo, draft: ModelIn
     sdnotify.notify(f"STATUS=loading {model_id}" + (f" (revision {start.revision})" if start.revision else "") + tail)
     threading.Thread(target=loader, name="specdeck-load", daemon=True).start()
     threading.Thread(target=deadline, name="specdeck-start-timeout", daemon=True).start()
-    sdnotify.start_watchdog(f"{url}/health",
+    sdnotify.start_watchdog(f"{url}/health", app.state.self_headers,
                             lambda: service.scheduler is not None and service.scheduler.thread is not None
                             and service.scheduler.thread.is_alive(), stop)
     try:

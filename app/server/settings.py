@@ -38,14 +38,61 @@ class ServeSettings(BaseSettings):
     slots_endpoint: bool = Field(False, description="serve llama-server's GET /slots (per-slot state)",
                                  json_schema_extra={"flag": "--slots"})
 
+    tls_cert: Path | None = Field(None, description="serve HTTPS with this certificate (PEM; with --tls-key)")
+    tls_key: Path | None = Field(None, description="the certificate's private key (PEM)")
+    allow_from: list[str] = Field(default_factory=list, description="accept requests only from these networks, "
+                                  "CIDR[,CIDR...] (others get 403 before anything else)")
+    trusted_proxies: list[str] = Field(default_factory=list, description="proxies whose X-Forwarded-For names the client, "
+                                       "CIDR[,CIDR...] (from any other peer the header is ignored)")
+
     # the fields `serve`, `up` and `doctor` take as flags (the API key never is one)
     FLAGS: typing.ClassVar[tuple[str, ...]] = ("host", "port", "max_queue", "cors_origins", "speculative", "log_prompts",
-                                               "draft_max", "strict_model", "model_aliases", "slots_endpoint")
+                                               "draft_max", "strict_model", "model_aliases", "slots_endpoint",
+                                               "tls_cert", "tls_key", "allow_from", "trusted_proxies")
 
     def check(self) -> None:
         if not is_loopback(self.host) and not self.api_key:
             raise SpecdeckError(f"refusing to listen on {self.host} without an API key",
                                 hint="set SPECDECK_API_KEY or --api-key-file, or bind 127.0.0.1")
+        self.networks("allow_from")
+        self.networks("trusted_proxies")
+        self.tls_context()
+
+    def networks(self, name: str) -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:
+        """--allow-from / --trusted-proxies as networks (each value may hold several, comma-separated)."""
+        out = []
+        for item in (x.strip() for v in getattr(self, name) for x in v.split(",")):
+            if not item:
+                continue
+            try:
+                out.append(ipaddress.ip_network(item, strict=False))
+            except ValueError:
+                raise SpecdeckError(f"bad --{name.replace('_', '-')} {item!r}: not an address or CIDR network",
+                                    hint="e.g. 10.0.0.0/8,192.168.1.0/24 or 127.0.0.1") from None
+        return out
+
+    def tls_context(self):
+        """An SSL context from --tls-cert / --tls-key (None without them), proved loadable now."""
+        import ssl
+
+        if self.tls_cert is None and self.tls_key is None:
+            return None
+        if self.tls_cert is None or self.tls_key is None:
+            raise SpecdeckError("--tls-cert and --tls-key go together", hint="give both PEM files, or neither")
+        for flag, path in (("--tls-cert", self.tls_cert), ("--tls-key", self.tls_key)):
+            if not path.is_file():
+                raise SpecdeckError(f"{flag} {path}: no such file")
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        try:
+            ctx.load_cert_chain(self.tls_cert, self.tls_key)
+        except (ssl.SSLError, OSError) as e:
+            raise SpecdeckError(f"cannot use {self.tls_cert} with {self.tls_key}: {getattr(e, 'reason', None) or e}",
+                                hint="both must be PEM, and the key must match the certificate") from None
+        return ctx
+
+    @property
+    def scheme(self) -> str:
+        return "https" if self.tls_cert else "http"
 
 
 def is_loopback(host: str) -> bool:
