@@ -21,7 +21,9 @@ command -v apt-get >/dev/null 2>&1 && command -v dpkg-deb >/dev/null 2>&1 \
 mkdir -p "$TOOLS" 2>/dev/null || fail "cannot create $TOOLS (set SPECDECK_TOOLS to a writable directory)"
 WORK="$(mktemp -d "$TOOLS/.fetch.XXXXXX" 2>/dev/null)" || fail "cannot write to $TOOLS (set SPECDECK_TOOLS to a writable directory)"
 trap 'rm -rf "$WORK"' EXIT
-if ! (cd "$WORK" && apt-get download prometheus) >"$WORK/apt.log" 2>&1; then
+if ! (cd "$WORK" && apt-get download prometheus) >"$WORK/apt.log" 2>&1 \
+   && ! { [ "$(id -u)" = 0 ] && apt-get update -qq >>"$WORK/apt.log" 2>&1 \
+          && (cd "$WORK" && apt-get download prometheus) >>"$WORK/apt.log" 2>&1; }; then  # a fresh machine's empty lists
   fail "apt-get download prometheus failed ($(grep -m1 '^E:' "$WORK/apt.log" || tail -n 1 "$WORK/apt.log")); run apt-get update, or put a promtool on PATH"
 fi
 DEB="$(ls "$WORK"/prometheus_*.deb 2>/dev/null | head -n 1 || true)"
