@@ -15,7 +15,8 @@ import httpx
 import pytest
 from conftest import run_cli
 from openai import OpenAI
-from test_operations import Serve, free_port
+from support.live import free_port
+from test_operations import Serve
 
 from app.server.access import client_address
 from app.server.settings import ServeSettings

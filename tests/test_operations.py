@@ -13,12 +13,12 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import httpx
 import pytest
 from conftest import ROOT, run_cli
+from support.live import free_port, wait_for
 
 from app.commands.dashboard import alert_lines, log_line, render
 from app.ops.alerts import NAMES, AlertBook, AlertSettings, Observation
@@ -29,20 +29,6 @@ SPECDECK = [sys.executable, "-m", "app.cli"]
 GIB = 2**30
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_for(what, timeout: float, every: float = 0.25):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = what()
-        if got:
-            return got
-        time.sleep(every)
-    return None
 
 
 def drawn(snap: dict) -> str:

@@ -20,26 +20,13 @@ from pathlib import Path
 import pytest
 from conftest import REAL_CACHE, ROOT, run_cli
 from openai import OpenAI
+from support.live import free_port, wait_for
 
 from app.models.catalog import load_catalog
 
 SPECDECK = [sys.executable, "-m", "app.cli"]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_for(what, timeout: float, every: float = 0.5):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = what()
-        if got:
-            return got
-        time.sleep(every)
-    return None
 
 
 class Tmux:

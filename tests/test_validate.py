@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -16,14 +15,10 @@ from pathlib import Path
 
 import pytest
 from conftest import ROOT, run_cli
+from support.live import free_port
 
 SHORT = ["--decode-tokens", "16", "--repeats", "1", "--context-margin", "128", "--json"]
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Served:

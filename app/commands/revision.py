@@ -19,7 +19,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from app.commands.common import alert_settings, console, out, serve_settings
-from app.commands.serve import model_record, serve_once, served_name, server_logging
+from app.commands.serve import model_record, serve_once, server_logging
 from app.commands.up import up_once
 from app.errors import SpecdeckError
 from app.ops.alerts import AlertSettings
@@ -87,16 +87,16 @@ def run_revisioned(args: argparse.Namespace, command: str) -> int:
     settings = serve_settings(args, args.api_key_file)
     alerts = alert_settings(args)
     st = store()
-    rev = st.record(command, args_json(args), settings_json(settings, alerts), model_record(args, settings),
-                    served_name(args))
+    name, models = model_record(args, settings)
+    rev = st.record(command, args_json(args), settings_json(settings, alerts), models, name)
+    good_before = rev.good_at
     try:
         return _start(rev, args, settings, alerts)
     except (StartFailed, SpecdeckError) as e:
         reason = e.message
-        fresh = st.get(rev.number)
-        if fresh.good_at and fresh.good_at != rev.good_at:
-            raise  # it served, then stopped: not a failed start
-        st.mark_failed(fresh, reason)
+        if rev.good_at != good_before:
+            raise  # it became good (mark_good stamps `rev`), served, then stopped: not a failed start
+        st.mark_failed(rev, reason)
         good = st.last_good(exclude=rev.number)
         if getattr(args, "no_fallback", False) or good is None:
             if good is None and not getattr(args, "no_fallback", False):

@@ -110,7 +110,7 @@ def local_server(args: argparse.Namespace, settings: ServeSettings):
             loaded = load(r.plan, r.target, r.draft, args.threads or r.hw.cpu_count, adaptive=settings.speculative)
         service = build_service(r.plan, r.target, r.draft, r.name)
         service.machine = machine_facts(r.hw)
-        service.digests = {role: m.get("sha256") for role, m in model_record(args, settings).items()}
+        service.digests = {role: m.get("sha256") for role, m in model_record(args, settings)[1].items()}
         app = create_app(settings, service)
         if r.embedder is not None and r.plan.embedding is not None:
             service.embedder = Embedder(r.embedder, r.plan.embedding, args.threads or r.hw.cpu_count)
@@ -128,13 +128,8 @@ def local_server(args: argparse.Namespace, settings: ServeSettings):
         sock.close()
 
 
-def served_name(args: argparse.Namespace) -> str:
-    """The name the selection is served under (a preset's, else "custom")."""
-    return make_selection(args, catalog_from_args(args)).name
-
-
-def model_record(args: argparse.Namespace, settings: ServeSettings) -> dict:
-    """role -> {"ref", "path", "sha256"} for a revision, as far as the files can be found and hashed
+def model_record(args: argparse.Namespace, settings: ServeSettings) -> tuple[str, dict]:
+    """The served name (the preset's, else "custom") and role -> {"ref", "path", "sha256"} for a revision, as far as the files can be found and hashed
     (a missing file is recorded as its reference: the start then fails and says why). A selection that
     does not parse (an unknown preset) raises: that is bad input, not a revision."""
     from app.models.integrity import VerifiedRecords, check_integrity
@@ -160,4 +155,4 @@ def model_record(args: argparse.Namespace, settings: ServeSettings) -> dict:
         except Exception:  # noqa: BLE001 - not on disk or unreadable: the start will fail on it
             pass
         out[role] = entry
-    return out
+    return sel.name, out

@@ -43,13 +43,6 @@ def _options(args: argparse.Namespace) -> Options:
                    soak_minutes=args.soak)
 
 
-def _baseline_to_compare(args: argparse.Namespace) -> Path | None:
-    """The baseline file --compare names (checked before anything runs); None without --compare."""
-    if args.compare is None:
-        return None
-    return Path(args.compare) if args.compare else None  # default: the preset's, known once the server answers
-
-
 @contextlib.contextmanager
 def _server(args: argparse.Namespace):
     """(URL, API key): the --url given, else the selection served here."""
@@ -99,15 +92,14 @@ def render(checks: list[Check], findings: list[baseline.Finding] | None, title: 
     return table
 
 
-def _preflight(client: Client, args: argparse.Namespace, named: Path | None) -> tuple[dict, dict | None, Path | None]:
-    """The server's status (once it is ready) and the baseline to compare with, judged comparable
-    before minutes of checks run."""
+def _preflight(client: Client, args: argparse.Namespace, named: tuple[Path, dict] | None) -> tuple[dict, dict | None, Path | None]:
+    """The server's status (once it is ready) and the baseline to compare with (the file --compare
+    named, else the preset's), judged comparable before minutes of checks run."""
     wait_ready(client, Options().ready_timeout)
     status = client.get("/v1/status")
     if args.compare is None:
         return status, None, None
-    path = named or baseline.default_path(paths().state, status.get("model_id") or "unknown")
-    old = baseline.load(path)
+    path, old = named or (p := baseline.default_path(paths().state, status.get("model_id") or "unknown"), baseline.load(p))
     baseline.check_comparable(old, status, path)
     return status, old, path
 
@@ -115,9 +107,7 @@ def _preflight(client: Client, args: argparse.Namespace, named: Path | None) -> 
 def cmd_validate(args: argparse.Namespace) -> int:
     opts = _options(args)
     tolerances = baseline.parse_tolerances(args.tolerance)
-    named = _baseline_to_compare(args)
-    if named is not None:
-        baseline.load(named)  # a bad file fails before a server is started
+    named = (Path(args.compare), baseline.load(Path(args.compare))) if args.compare else None  # fails before a server starts
     with _server(args) as (url, key):
         client = Client(url, key)
         try:

@@ -100,11 +100,8 @@ class _Verdict:
 class AlertBook:
     settings: AlertSettings
     wall: object = time.time  # the clock for `since`
-    states: dict[str, AlertState] = field(default_factory=dict)
+    states: dict[str, AlertState] = field(default_factory=lambda: {n: AlertState(n) for n in NAMES})
     _history: collections.deque = field(default_factory=collections.deque)
-
-    def __post_init__(self) -> None:
-        self.states = {n: AlertState(n) for n in NAMES}
 
     def update(self, obs: Observation) -> list[AlertState]:
         """Judge every rule on this reading; returns the alerts that changed state."""

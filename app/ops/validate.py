@@ -178,7 +178,8 @@ class Sampler:
         self._stop = threading.Event()
         self.thread = threading.Thread(target=self._run, name="validate-sampler", daemon=True)
 
-    def _read(self) -> None:
+    def read(self) -> None:
+        """One reading now (the thread takes one every `period` seconds)."""
         with self.lock:
             self._read_locked()
 
@@ -202,7 +203,7 @@ class Sampler:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            self._read()
+            self.read()
             self._stop.wait(self.period)
 
     def start(self) -> Sampler:
@@ -212,7 +213,7 @@ class Sampler:
     def stop(self) -> None:
         self._stop.set()
         self.thread.join(15)
-        self._read()
+        self.read()
 
     def peak(self, key: str, since: float = 0.0) -> float | None:
         values = [s[key] for s in self.samples if s["t"] >= since and s.get(key) is not None]
@@ -399,24 +400,19 @@ def check_throughput(client: Client, opts: Options, facts: dict) -> Check:
 
 def long_document(client: Client, tokens: int) -> str:
     """Source text of about `tokens` tokens (measured with the server's own tokenizer)."""
-    unit = "".join(LONG_LINES[i % len(LONG_LINES)].format(i=i, j=i * 7 % 1000) for i in range(64))
-    per = len(client.post("/tokenize", {"content": unit}).get("tokens", [])) or 1
-    lines, n = [], 0
-    i = 0
-    while n < tokens:
-        block = "".join(LONG_LINES[(i + k) % len(LONG_LINES)].format(i=i + k, j=(i + k) * 7 % 1000) for k in range(64))
-        lines.append(block)
-        n += per
-        i += 64
-    text = "".join(lines)
+    def block(start: int) -> str:
+        return "".join(LONG_LINES[i % len(LONG_LINES)].format(i=i, j=i * 7 % 1000) for i in range(start, start + 64))
+
+    per = len(client.post("/tokenize", {"content": block(0)}).get("tokens", [])) or 1
+    text = "".join(block(64 * b) for b in range(tokens // per + 1))
     ids = client.post("/tokenize", {"content": text}).get("tokens", [])
     if len(ids) > tokens:
         text = client.post("/detokenize", {"tokens": ids[:tokens]}).get("content", text)
     return text
 
 
-def check_long_context(client: Client, opts: Options, facts: dict, sampler: Sampler | None = None) -> Check:
-    status = facts["status"]
+def check_long_context(client: Client, opts: Options, facts: dict) -> Check:
+    status, sampler = facts["status"], facts.get("sampler")
     models = client.get("/v1/models")
     n_ctx = int(((models.get("data") or [{}])[0].get("meta") or {}).get("n_ctx") or status.get("plan", {}).get("ctx") or 0)
     want = n_ctx - opts.context_margin - 16
@@ -427,7 +423,7 @@ def check_long_context(client: Client, opts: Options, facts: dict, sampler: Samp
     prompt = doc + "\n# What does handler_3 return?\n"
     t, last = _first_token_time(client, prompt)
     if sampler is not None:
-        sampler._read()
+        sampler.read()
     n = (last.get("timings") or {}).get("prompt_n", 0) + (last.get("timings") or {}).get("prompt_cached", 0)
     plan = status.get("plan") or {}
     figures = {"long_ctx_tokens": n, "long_ctx_ttft_s": t}
@@ -451,8 +447,8 @@ def check_long_context(client: Client, opts: Options, facts: dict, sampler: Samp
     return Check("long context", verdict, text, figures)
 
 
-def check_soak(client: Client, opts: Options, facts: dict, sampler: Sampler | None = None,
-               tick: Callable[[float], None] | None = None) -> Check:
+def check_soak(client: Client, opts: Options, facts: dict) -> Check:
+    sampler, tick = facts.get("sampler"), facts.get("on_soak")
     if opts.soak_minutes <= 0:
         return Check("soak", "skip", "not asked (--soak MIN)", {})
     parallel = int((facts["status"].get("plan") or {}).get("parallel") or 1)
@@ -512,8 +508,9 @@ CHECKS = (("health", check_health), ("smoke", check_smoke), ("decode speed", che
 def run_checks(client: Client, opts: Options, on_check: Callable[[str, Check | None], None] | None = None,
                on_soak: Callable[[float], None] | None = None) -> tuple[list[Check], dict]:
     """All checks in order (health first: nothing runs against a server that is not ready).
-    Returns the checks and the facts (the server's /v1/status at the start)."""
-    facts: dict = {}
+    Returns the checks and the facts (the server's /v1/status at the start as "status"; the checks also
+    find the live Sampler and the soak's progress callback there)."""
+    facts: dict = {"on_soak": on_soak}
     results: list[Check] = []
     sampler: Sampler | None = None
     try:
@@ -522,12 +519,7 @@ def run_checks(client: Client, opts: Options, on_check: Callable[[str, Check | N
                 on_check(name, None)
             t = time.perf_counter()
             try:
-                if fn in (check_long_context,):
-                    check = fn(client, opts, facts, sampler)
-                elif fn is check_soak:
-                    check = fn(client, opts, facts, sampler, on_soak)
-                else:
-                    check = fn(client, opts, facts)
+                check = fn(client, opts, facts)
             except SpecdeckError as e:
                 check = Check(name, "fail", e.message)
             check.seconds = time.perf_counter() - t
@@ -537,7 +529,7 @@ def run_checks(client: Client, opts: Options, on_check: Callable[[str, Check | N
             if name == "health":
                 if check.status == "fail":
                     break
-                sampler = Sampler(client).start()
+                sampler = facts["sampler"] = Sampler(client).start()
     finally:
         if sampler is not None:
             sampler.stop()

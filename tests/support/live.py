@@ -24,6 +24,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def wait_for(what, timeout: float, every: float = 0.25):
+    """`what()` once it is truthy (polled every `every` seconds), or None after `timeout`."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = what()
+        if got:
+            return got
+        time.sleep(every)
+    return None
+
+
 class LiveServer:
     """A real uvicorn server in a thread, over a real engine."""
 
