@@ -77,17 +77,13 @@ def serve_settings(args: argparse.Namespace, key_file: str | None = None, check:
                    use_config: bool = True) -> ServeSettings:
     """Server settings: config file, then SPECDECK_* variables, then the flags given (serve, up, run,
     doctor; the flags are ServeSettings' own fields). `check=False` (doctor) reports an unsafe
-    exposure or an unreadable key file as a check instead of refusing."""
-    from app.server.settings import load_settings, read_key_file
+    exposure or a bad key file as a check instead of refusing."""
+    from app.server.settings import load_settings
 
     config = Path(args.config) if args.config else paths().config_dir / "config.toml"
     overrides = given(args, ServeSettings)
     if key_file:
-        try:
-            overrides["api_key"] = read_key_file(Path(key_file))
-        except SpecdeckError:
-            if check:
-                raise  # doctor names the key file's problem in its own line
+        overrides["api_key_file"] = Path(key_file)
     settings = load_settings(config if use_config and (args.config or config.exists()) else None, overrides)
     if check:
         settings.check()

@@ -249,19 +249,24 @@ def check_exposure(host: str, has_key: bool) -> Check:
 
 
 def check_key_file(path: Path | None) -> Check:
+    from app.server.keys import read_keys
+
     if path is None:
         return Check("key file", "ok", "no key file (the key, if any, comes from SPECDECK_API_KEY)")
     try:
         st = path.stat()
-        key = path.read_text(encoding="utf-8").strip()
+        ring = read_keys(path)
     except OSError as e:
-        return Check("key file", "fail", f"cannot read {path}: {e.strerror or e}", "create it with the key on one line, mode 600")
-    if not key:
-        return Check("key file", "fail", f"{path} is empty", "write the key on one line")
+        return Check("key file", "fail", f"cannot read {path}: {e.strerror or e}",
+                     "create it with one `name key` line per client, mode 600")
+    except SpecdeckError as e:
+        return Check("key file", "fail", e.message, e.hint or "one `name key` line per client")
     if st.st_mode & (stat.S_IROTH | stat.S_IWOTH):
         return Check("key file", "fail", f"{path} is readable by every user (mode {stat.S_IMODE(st.st_mode):o})",
                      f"chmod 600 {path} (or 640 with the service's group)")
-    return Check("key file", "ok", f"{path} (mode {stat.S_IMODE(st.st_mode):o})")
+    names = ", ".join(ring.names())
+    return Check("key file", "ok", f"{path} (mode {stat.S_IMODE(st.st_mode):o}): {len(ring.keys)} "
+                                   f"key{'s' if len(ring.keys) != 1 else ''} ({names})")
 
 
 def check_config(path: Path, exists: bool) -> Check:
@@ -399,7 +404,7 @@ def doctor_subject(args: argparse.Namespace, settings: ServeSettings, fetcher: F
     """What the checks look at, from a command's flags and settings (doctor's and up's)."""
     catalog = catalog_from_args(args)
     config = Path(args.config) if args.config else paths().config_dir / "config.toml"
-    return Subject(make_selection(args, catalog), fetcher, settings.host, settings.port, bool(settings.api_key),
+    return Subject(make_selection(args, catalog), fetcher, settings.host, settings.port, bool(settings.api_key or settings.api_key_file),
                    Path(key_file) if key_file else None, config, bool(args.config), plan_request(args))
 
 

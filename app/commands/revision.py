@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-from pathlib import Path
 
 from rich.markup import escape
 from rich.table import Table
@@ -25,7 +24,7 @@ from app.errors import SpecdeckError
 from app.ops.alerts import AlertSettings
 from app.ops.revisions import Revision, RevisionStore
 from app.server import sdnotify
-from app.server.settings import ServeSettings, read_key_file
+from app.server.settings import ServeSettings
 from app.settings import paths
 
 NOT_RECORDED = ("func", "no_fallback", "revision_start")  # flags about this start, not the configuration
@@ -41,7 +40,7 @@ def args_json(args: argparse.Namespace) -> dict:
 
 def settings_json(settings: ServeSettings, alerts: AlertSettings) -> dict:
     return {"serve": settings.model_dump(mode="json", exclude={"api_key"}), "alerts": alerts.model_dump(mode="json"),
-            "api_key_set": bool(settings.api_key)}
+            "api_key_set": bool(settings.api_key or settings.api_key_file)}
 
 
 def _runner(command: str):
@@ -113,19 +112,16 @@ def _revision_settings(rev: Revision) -> tuple[argparse.Namespace, ServeSettings
     (the key file it names, else SPECDECK_API_KEY), never from the record."""
     args = argparse.Namespace(**rev.args, no_fallback=True)
     serve = dict((rev.settings or {}).get("serve") or {})
-    key = None
     if args.api_key_file:
-        key = read_key_file(Path(args.api_key_file))
-    elif os.environ.get("SPECDECK_API_KEY"):
-        key = os.environ["SPECDECK_API_KEY"]
-    if rev.settings.get("api_key_set") and not key:
-        raise SpecdeckError(f"revision {rev.number} was served with an API key; none is set now",
-                            hint="set SPECDECK_API_KEY or keep the key file it names")
+        serve["api_key_file"] = args.api_key_file
     try:
-        settings = ServeSettings(**serve, api_key=key)
+        settings = ServeSettings(**serve, api_key=os.environ.get("SPECDECK_API_KEY") or None)
         alerts = AlertSettings(**((rev.settings or {}).get("alerts") or {}))
     except Exception as e:  # noqa: BLE001 - a record from another version
         raise SpecdeckError(f"revision {rev.number}'s settings no longer parse: {e}") from None
+    if rev.settings.get("api_key_set") and not settings.keyring():
+        raise SpecdeckError(f"revision {rev.number} was served with an API key; none is set now",
+                            hint="set SPECDECK_API_KEY or keep the key file it names")
     return args, settings, alerts
 
 

@@ -201,6 +201,7 @@ def up(args: argparse.Namespace, settings: ServeSettings, console: Console, out:
         bind_socket,
         build_service,
         local_url,
+        reload_keys_on_hangup,
         shutdown,
         watch_alerts,
     )
@@ -223,6 +224,7 @@ def up(args: argparse.Namespace, settings: ServeSettings, console: Console, out:
             with steps.step("serve") as r:
                 service = build_service(prep.plan, prep.target, prep.draft, prep.name)
                 app = create_app(settings, service)
+                reload_keys_on_hangup(app.state.keys)
                 if prep.embedder is not None and prep.plan.embedding is not None:
                     service.embedder = Embedder(prep.embedder, prep.plan.embedding, threads)
                 service.revision, service.digests = start.revision, start.digests
@@ -232,7 +234,7 @@ def up(args: argparse.Namespace, settings: ServeSettings, console: Console, out:
                 http = HttpThread(app, sock)
                 http.start()
                 try:
-                    smoked = smoke_request(local_url(settings), settings.api_key, app.state.self_headers)
+                    smoked = smoke_request(local_url(settings), None, app.state.self_headers)
                 except SpecdeckError as e:
                     raise StartFailed(f"smoke request failed: {e.message}") from None
                 if start.on_good is not None:

@@ -53,7 +53,7 @@ def _server(args: argparse.Namespace):
 
     settings = serve_settings(args, args.api_key_file)
     with local_server(args, settings) as url:
-        yield url, settings.api_key
+        yield url, settings.keyring().any_secret()
 
 
 def _run(client: Client, opts: Options) -> tuple[list[Check], dict]:

@@ -11,9 +11,10 @@ token (SELF_HEADER): they pass an allowlist that leaves loopback out.
 
 from __future__ import annotations
 
+import hmac
 import ipaddress
 
-from app.server.errors import ApiError, error_bytes
+from app.server.errors import ApiError, send_error
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 SELF_HEADER = "x-specdeck-self"
@@ -47,7 +48,8 @@ def client_address(peer: str | None, forwarded_for: str | None, trusted: list[Ne
 
 class SourceAllowlist:
     """Pure ASGI middleware: requests whose client address is outside `allow` get 403 at once (the
-    body is never read). Sets scope["state"]["client_address"] for the access log."""
+    body is never read). Sets scope["state"]["client_address"] for the access log, and
+    scope["state"]["self"] for the server's own requests (the key gate lets them through)."""
 
     def __init__(self, app, allow: list[Network], trusted: list[Network], self_token: str = "") -> None:
         self.app, self.allow, self.trusted, self.self_token = app, allow, trusted, self_token
@@ -59,14 +61,12 @@ class SourceAllowlist:
         peer = (scope.get("client") or (None,))[0]
         forwarded = headers.get(b"x-forwarded-for")
         client = client_address(peer, forwarded.decode("latin-1") if forwarded else None, self.trusted)
-        scope.setdefault("state", {})["client_address"] = client
-        if self.allow and not _within(_ip(client or ""), self.allow) and not self._itself(headers, peer):
-            body = error_bytes(scope.get("path", ""), ApiError(403, f"requests from {client} are not allowed here",
-                                                               "permission_error", code="forbidden_source"))
-            await send({"type": "http.response.start", "status": 403,
-                        "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
-            await send({"type": "http.response.body", "body": body})
-            return
+        state = scope.setdefault("state", {})
+        state["client_address"] = client
+        state["self"] = self._itself(headers, peer)
+        if self.allow and not _within(_ip(client or ""), self.allow) and not state["self"]:
+            return await send_error(send, scope.get("path", ""), ApiError(
+                403, f"requests from {client} are not allowed here", "permission_error", code="forbidden_source"))
         return await self.app(scope, receive, send)
 
     def _itself(self, headers: dict, peer: str | None) -> bool:
@@ -74,5 +74,5 @@ class SourceAllowlist:
         random token only this process knows)."""
         given = headers.get(SELF_HEADER.encode())
         addr = _ip(peer or "")
-        return bool(self.self_token) and given is not None and given.decode("latin-1") == self.self_token \
+        return bool(self.self_token) and given is not None and hmac.compare_digest(given, self.self_token.encode()) \
             and addr is not None and addr.is_loopback

@@ -4,11 +4,8 @@ worker thread owns the engine."""
 
 from __future__ import annotations
 
-import hmac
-import json
 import logging
 import secrets
-import time
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -21,6 +18,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from app import __version__
 from app.server.access import SELF_HEADER, SourceAllowlist
 from app.server.anthropic import add_anthropic_routes
+from app.server.audit import AccessLog, open_sink
 from app.server.core import (
     Service,
     finished,
@@ -30,6 +28,7 @@ from app.server.core import (
 )
 from app.server.embeddings import add_embedding_routes
 from app.server.errors import ApiError, error_response, validation_error
+from app.server.keys import KeyGate, KeyStore, Windows
 from app.server.limits import BodyLimit
 from app.server.llamacpp import add_llamacpp_routes, add_unprefixed_routes
 from app.server.metrics import Metrics
@@ -54,37 +53,31 @@ def cors_options(origins: list[str]) -> dict:
             "max_age": 600}
 
 
+def count_request(metrics: Metrics, state: dict, route: str, status: int) -> None:
+    if state.get("limited"):
+        metrics.key_limited.labels(state.get("key_name") or "").inc()
+    else:
+        metrics.requests.labels(route, str(status)).inc()
+
+
 def create_app(settings: ServeSettings, service: Service) -> FastAPI:
     app = FastAPI(title="specdeck", version=__version__, description="OpenAI-compatible API over a speculative llama.cpp engine")
     metrics = Metrics()
     app.state.service, app.state.metrics, app.state.settings = service, metrics, settings
     app.state.count = lambda job, rec: finished(metrics, settings, service, job, rec)  # the scheduler reports here
+    # pure ASGI middlewares, the last added outermost: access log, allowlist, CORS, key gate, body cap
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
-
-    @app.middleware("http")
-    async def auth_and_log(request: Request, call_next):
-        t = time.perf_counter()
-        key = settings.api_key
-        if key and request.url.path not in ("/health",) and request.method != "OPTIONS":
-            given = request.headers.get("authorization", "")
-            token = given[7:] if given.lower().startswith("bearer ") else request.headers.get("x-api-key", "")
-            if not hmac.compare_digest(token.encode(), key.encode()):
-                metrics.requests.labels(request.url.path, "401").inc()
-                return error_response(request.url.path, ApiError(401, "invalid or missing API key", "authentication_error",
-                                                                 code="invalid_api_key"))
-        response = await call_next(request)
-        metrics.requests.labels(request.url.path, str(response.status_code)).inc()
-        log.info(json.dumps({"path": request.url.path, "status": response.status_code,
-                             "ms": round((time.perf_counter() - t) * 1e3, 1)}))
-        return response
-
+    app.state.keys, app.state.windows = KeyStore(settings.api_key_file, settings.api_key), Windows()
+    app.add_middleware(KeyGate, store=app.state.keys, windows=app.state.windows)
     if settings.cors_origins:  # so refusals (401, 413) carry the CORS headers too
         app.add_middleware(CORSMiddleware, **cors_options(settings.cors_origins))
-    # outermost: a source outside --allow-from gets 403 before anything else reads its request
+    # a source outside --allow-from gets 403 before anything else reads its request
     token = secrets.token_hex(16)
     app.state.self_headers = {SELF_HEADER: token}  # the server's own smoke request and watchdog check
     app.add_middleware(SourceAllowlist, allow=settings.networks("allow_from"), trusted=settings.networks("trusted_proxies"),
                        self_token=token)
+    app.state.access_sink = open_sink(settings.access_log, settings.access_log_max_mb, settings.access_log_files)
+    app.add_middleware(AccessLog, sink=app.state.access_sink, on_request=lambda *a: count_request(metrics, *a))
 
     @app.exception_handler(ApiError)
     async def api_error(request: Request, e: ApiError):

@@ -24,6 +24,7 @@ from app.engine.records import RequestRecord, StepRecord
 from app.engine.sampling import SamplingParams
 from app.engine.text import Tokenizer
 from app.plan.hardware import read_gpus
+from app.server.audit import current_usage
 from app.server.errors import ApiError
 from app.server.metrics import Metrics
 from app.server.scheduler import Done, Failed, Job, QueueFull, Scheduler
@@ -181,7 +182,8 @@ def submit(service: Service, settings: ServeSettings, metrics: Metrics, body: Sa
     req = engine_request(body, ids, service, settings, grammar)
     if quiet is None:  # a whole answer with no stop string to watch: no per-step events
         quiet = not body.stream and not body.stops()
-    job = Job(req, asyncio.get_running_loop(), time.monotonic() + settings.request_timeout, quiet=quiet)
+    job = Job(req, asyncio.get_running_loop(), time.monotonic() + settings.request_timeout, quiet=quiet,
+              usage=current_usage.get())
     try:
         service.scheduler.submit(job)
     except QueueFull:
@@ -225,10 +227,12 @@ def finished(metrics: Metrics, settings: ServeSettings, service: Service, job: J
             "cached_tokens": rec.reused_tokens, "completion_tokens": len(rec.completion),
             "ttft_ms": round(rec.ttft * 1e3, 1), "tok_s": round(rec.generation_tps or 0.0, 1),
             "drafted": rec.drafted, "accepted": rec.accepted}
+    texts = {}
     if settings.log_prompts and service.tokenizer is not None:
-        line["prompt"] = service.tokenizer.decode(job.request.prompt)
-        line["completion"] = service.tokenizer.decode(rec.completion)
-    log.info(json.dumps(line))
+        texts = {"prompt": service.tokenizer.decode(job.request.prompt), "completion": service.tokenizer.decode(rec.completion)}
+    if job.usage is not None:
+        job.usage.add(rec.prompt_tokens, rec.reused_tokens, len(rec.completion), texts)
+    log.info(json.dumps({**line, **texts}))
 
 
 def count_tokens(metrics: Metrics, rec: RequestRecord) -> None:

@@ -57,6 +57,15 @@ def error_bytes(path: str, e: ApiError) -> bytes:
     return json.dumps(shaped(path, e)).encode()
 
 
+async def send_error(send, path: str, e: ApiError) -> None:
+    """Answer `e` from a pure ASGI middleware (before any route runs)."""
+    body = error_bytes(path, e)
+    extra = [(k.lower().encode("latin-1"), str(v).encode("latin-1")) for k, v in e.headers.items()]
+    await send({"type": "http.response.start", "status": e.status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), *extra]})
+    await send({"type": "http.response.body", "body": body})
+
+
 def validation_error(e) -> ApiError:
     """pydantic's first complaint about a body as a 400 naming the field (or where the JSON broke)."""
     errors = e.errors()

@@ -14,6 +14,8 @@ class Metrics:
         self.reused_tokens = Counter("specdeck_prompt_cache_tokens_total", "Prompt tokens served from the cache", registry=r)
         self.drafted = Counter("specdeck_draft_tokens_total", "Drafted tokens", registry=r)
         self.accepted = Counter("specdeck_draft_accepted_total", "Drafted tokens the target kept", registry=r)
+        self.key_limited = Counter("specdeck_key_limited_total", "Requests refused (429) for their key's per-minute limit "
+                                   "(not in specdeck_requests_total: the server was not busy)", ["key"], registry=r)
         self.errors = Counter("specdeck_errors_total", "Failed requests", ["kind"], registry=r)
         self.ttft = Histogram("specdeck_ttft_seconds", "Time to first token", registry=r,
                               buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120))

@@ -70,6 +70,7 @@ class Job:
     # only the end matters (a whole answer, no stop strings to watch): no event per step, so the
     # event loop sleeps while the engine works (on a small CPU it shares cores with llama.cpp)
     quiet: bool = False
+    usage: object | None = None  # the HTTP request's audit.Usage: finished() adds this job's tokens
 
     def send(self, event) -> None:
         try:

@@ -23,6 +23,7 @@ from app.ops.validate import smoke_request
 from app.plan.planner import Plan
 from app.server import sdnotify
 from app.server.app import Service, create_app
+from app.server.keys import KeyStore
 from app.server.scheduler import Scheduler
 from app.server.settings import ServeSettings
 from app.server.watch import AlertWatcher
@@ -159,6 +160,14 @@ def watch_alerts(service: Service, metrics, start: Start) -> None:
         service.alerts.start()
 
 
+def reload_keys_on_hangup(store: KeyStore) -> None:
+    """SIGHUP (`systemctl reload specdeck`) reads the key file again. The reload runs in a thread of
+    its own: a signal handler may interrupt the main thread anywhere, logging included."""
+    if hasattr(signal, "SIGHUP") and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGHUP, lambda *_: threading.Thread(target=store.reload, name="specdeck-keys",
+                                                                 daemon=True).start())
+
+
 def local_url(settings: ServeSettings) -> str:
     host = "127.0.0.1" if settings.host in ("0.0.0.0", "") else "[::1]" if settings.host == "::" else settings.host
     return f"{settings.scheme}://{host}:{settings.port}"
@@ -175,6 +184,7 @@ def serve(settings: ServeSettings, plan: Plan, target: ModelInfo, draft: ModelIn
     service = build_service(plan, target, draft, model_id)
     service.revision, service.machine, service.digests = start.revision, start.machine, start.digests
     app = create_app(settings, service)
+    reload_keys_on_hangup(app.state.keys)
     server = _server(app)
     state: dict = {}
     stop = threading.Event()
@@ -200,7 +210,7 @@ def serve(settings: ServeSettings, plan: Plan, target: ModelInfo, draft: ModelIn
         while not server.started and not stop.is_set():
             time.sleep(0.02)
         try:
-            result = smoke_request(url, settings.api_key, app.state.self_headers)
+            result = smoke_request(url, None, app.state.self_headers)
         except SpecdeckError as e:
             fail(f"smoke request failed: {e.message}")
             return

@@ -18,7 +18,9 @@ class ServeSettings(BaseSettings):
 
     host: str = Field("127.0.0.1", description="address to bind (anything but loopback needs an API key)")
     port: int = Field(8000, ge=1, le=65535, description="port to listen on")
-    api_key: str | None = Field(None, description="from SPECDECK_API_KEY or --api-key-file; never a flag", repr=False)
+    api_key: str | None = Field(None, description="one key, from SPECDECK_API_KEY; never a flag", repr=False)
+    api_key_file: Path | None = Field(None, description="the named API keys, one per line (see app/server/keys.py); "
+                                                        "read again on SIGHUP")
     cors_origins: list[str] = Field(default_factory=list, description="allow this origin by CORS (off when none is given)",
                                     json_schema_extra={"flag": "--cors-origin"})
     max_queue: int = Field(16, ge=0, description="queued requests beyond the busy slots before 429")
@@ -44,19 +46,45 @@ class ServeSettings(BaseSettings):
                                   "CIDR[,CIDR...] (others get 403 before anything else)")
     trusted_proxies: list[str] = Field(default_factory=list, description="proxies whose X-Forwarded-For names the client, "
                                        "CIDR[,CIDR...] (from any other peer the header is ignored)")
+    access_log: Path | None = Field(None, description="write the access log (a JSON line per request) to this file "
+                                    "(default: the service log)")
+    access_log_max_mb: float = Field(100.0, gt=0, description="rotate the access log file at this size, MiB")
+    access_log_files: int = Field(5, ge=1, le=1000, description="rotated access log files kept")
 
     # the fields `serve`, `up` and `doctor` take as flags (the API key never is one)
     FLAGS: typing.ClassVar[tuple[str, ...]] = ("host", "port", "max_queue", "cors_origins", "speculative", "log_prompts",
                                                "draft_max", "strict_model", "model_aliases", "slots_endpoint",
-                                               "tls_cert", "tls_key", "allow_from", "trusted_proxies")
+                                               "tls_cert", "tls_key", "allow_from", "trusted_proxies",
+                                               "access_log", "access_log_max_mb", "access_log_files")
 
     def check(self) -> None:
-        if not is_loopback(self.host) and not self.api_key:
+        if not is_loopback(self.host) and not self.keyring():
             raise SpecdeckError(f"refusing to listen on {self.host} without an API key",
                                 hint="set SPECDECK_API_KEY or --api-key-file, or bind 127.0.0.1")
         self.networks("allow_from")
         self.networks("trusted_proxies")
         self.tls_context()
+        self.check_access_log()
+
+    def keyring(self):
+        """The API keys: the key file's (named), plus SPECDECK_API_KEY's (named `env`)."""
+        from app.server.keys import read_keys
+
+        return read_keys(self.api_key_file, self.api_key)
+
+    def check_access_log(self) -> None:
+        path = self.access_log
+        if path is None:
+            return
+        if path.is_dir():
+            raise SpecdeckError(f"--access-log {path} is a directory", hint="name a file in it")
+        if not path.parent.is_dir():
+            raise SpecdeckError(f"--access-log {path}: no directory {path.parent}")
+        try:
+            with path.open("a", encoding="utf-8"):
+                pass
+        except OSError as e:
+            raise SpecdeckError(f"--access-log {path}: cannot write: {e.strerror}") from None
 
     def networks(self, name: str) -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:
         """--allow-from / --trusted-proxies as networks (each value may hold several, comma-separated)."""
@@ -124,13 +152,3 @@ def load_settings(config: Path | None, overrides: dict, model: type[BaseSettings
         first = e.errors()[0]
         where = f"{table}." if table != "serve" else ""
         raise SpecdeckError(f"bad setting {where}{'.'.join(map(str, first['loc']))}: {first['msg']}") from None
-
-
-def read_key_file(path: Path) -> str:
-    try:
-        key = path.read_text(encoding="utf-8").strip()
-    except OSError as e:
-        raise SpecdeckError(f"cannot read API key file {path}: {e.strerror}") from None
-    if not key:
-        raise SpecdeckError(f"API key file {path} is empty")
-    return key
