@@ -95,8 +95,7 @@ def _key(where: str, n: int, name: str, secret: str, options: list[str]) -> ApiK
         return SpecdeckError(f"{where}:{n}: {why}", hint="each line is `name key [requests_per_minute=N] "
                                                          "[generated_tokens_per_minute=N]`")
     if not secret:
-        raise bad(f"key {name!r} has no key after its name" if NAME.fullmatch(name) else
-                  "expected a name and a key")
+        raise bad("expected a name and a key, found one word (not shown: it may be a key)")
     if not NAME.fullmatch(name):
         raise bad("the name must be letters, digits and . _ @ - (at most 64), starting with a letter or digit")
     limits = {}
