@@ -6,7 +6,7 @@
 #                              otherwise). The build must pass a smoke decode before this says done:
 #                              one that dies by a signal (SIGILL) is rebuilt without AMX, then as a
 #                              portable AVX2 build (see app/build/ladder.py)
-#   bash install.sh --test     also install the test extras, and promtool for the alert rules' tests
+#   bash install.sh --test     also install the test extras, and Debian's promtool and nginx for the tests
 #   options: --cpu | --cuda    force the llama-cpp-python build
 #            --rebuild         forget cached wheels and remembered failures for this CPU
 #            --venv DIR        where the environment goes (default: .venv next to this script)
@@ -186,12 +186,14 @@ STEP="install specdeck"
 say "installing specdeck$EXTRAS into $VENV"
 "$VPY" -m pip install --quiet -e "$HERE$EXTRAS"
 if [ -n "$EXTRAS" ]; then
-  STEP="fetch promtool (tests/test_prometheus_rules.py checks deploy/prometheus/ with it)"
-  if PROMTOOL="$(bash "$HERE/scripts/promtool.sh")"; then
-    say "promtool: $PROMTOOL ($("$PROMTOOL" --version 2>&1 | sed -n 1p))"
-  else
-    printf '  warning: %s\n' "no promtool (see the line above): tests/test_prometheus_rules.py fails until bash scripts/promtool.sh gets one"
-  fi
+  for tool in promtool nginx; do  # Debian's, for tests/test_prometheus_rules.py and tests/test_nginx.py
+    STEP="fetch $tool (the tests run the real one)"
+    if TOOL="$(bash "$HERE/scripts/$tool.sh")"; then
+      say "$tool: $TOOL ($("$TOOL" $([ "$tool" = nginx ] && echo -v || echo --version) 2>&1 | sed -n 1p))"
+    else
+      printf '  warning: %s\n' "no $tool (see the line above): its tests fail until bash scripts/$tool.sh gets one"
+    fi
+  done
 fi
 
 STEP="check the installation"

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -113,3 +114,13 @@ def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.Complet
         env={**os.environ, **(env or {})},
         timeout=600,
     )
+
+
+@pytest.fixture(scope="session")
+def certificate(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A self-signed certificate for 127.0.0.1 and its key (PEM), made with openssl."""
+    from support.live import self_signed
+
+    if shutil.which("openssl") is None:
+        pytest.fail("openssl is needed to make the test certificate (Debian: apt-get install openssl)")
+    return self_signed(tmp_path_factory.mktemp("tls"))

@@ -6,7 +6,6 @@ one clear line. Real `specdeck serve` processes on the tiny models."""
 from __future__ import annotations
 
 import os
-import shutil
 import ssl
 import subprocess
 from pathlib import Path
@@ -15,8 +14,7 @@ import httpx
 import pytest
 from conftest import run_cli
 from openai import OpenAI
-from support.live import free_port
-from test_operations import Serve
+from support.live import Serve, free_port
 
 from app.server.access import client_address
 from app.server.settings import ServeSettings
@@ -69,18 +67,6 @@ def test_allow_from_and_forwarded_for(tiny):
         assert _get(f"{b}/v1/models").status_code == 403
     finally:
         assert behind.stop() == 0 and direct.stop() == 0
-
-
-@pytest.fixture(scope="module")
-def certificate(tmp_path_factory) -> tuple[Path, Path]:
-    if shutil.which("openssl") is None:
-        pytest.fail("openssl is needed to make the test certificate (Debian: apt-get install openssl)")
-    d = tmp_path_factory.mktemp("tls")
-    cert, key = d / "cert.pem", d / "key.pem"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert),
-                    "-days", "2", "-subj", "/CN=localhost", "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost"],
-                   check=True, capture_output=True)
-    return cert, key
 
 
 def test_https_with_the_openai_client(tiny, certificate):

@@ -15,8 +15,7 @@ from datetime import datetime
 import httpx
 import pytest
 from conftest import run_cli
-from support.live import free_port, wait_for
-from test_operations import Serve
+from support.live import Serve, free_port, wait_for
 
 from app.errors import SpecdeckError
 from app.server.audit import Usage, access_line, close_sink, open_sink

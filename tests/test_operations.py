@@ -12,13 +12,12 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import httpx
 import pytest
 from conftest import ROOT, run_cli
-from support.live import free_port, wait_for
+from support.live import Serve, free_port, wait_for
 
 from app.commands.dashboard import alert_lines, log_line, render
 from app.ops.alerts import NAMES, AlertBook, AlertSettings, Observation
@@ -139,33 +138,6 @@ def test_bad_thresholds_are_one_clear_line(tiny, tmp_path):
 
 
 # -- a real server -------------------------------------------------------------------------------
-
-class Serve:
-    """`specdeck serve` as a user starts it, its output kept."""
-
-    def __init__(self, *args: str, env: dict | None = None) -> None:
-        self.p = subprocess.Popen([*SPECDECK, "serve", *args], cwd=ROOT, env={**os.environ, **(env or {})},
-                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        self.lines: list[str] = []
-        self.reader = threading.Thread(target=lambda: self.lines.extend(iter(self.p.stdout.readline, "")), daemon=True)
-        self.reader.start()
-
-    @property
-    def output(self) -> str:
-        return "".join(self.lines)
-
-    def wait_line(self, text: str, timeout: float = 120) -> bool:
-        return bool(wait_for(lambda: text in self.output or self.p.poll() is not None and text in self.output, timeout))
-
-    def stop(self) -> int:
-        if self.p.poll() is None:
-            self.p.send_signal(signal.SIGTERM)
-        try:
-            return self.p.wait(30)
-        finally:
-            self.p.kill()
-            self.reader.join(5)
-
 
 def answers(port: int) -> bool:
     r = httpx.post(f"http://127.0.0.1:{port}/v1/completions", json={"prompt": "a b", "max_tokens": 4, "ignore_eos": True},

@@ -52,7 +52,10 @@ def test_tiny_chat_completion_stream_and_errors(tiny_server):
     assert raw.status_code == 400
     raw = httpx.post(tiny_server.url + "/v1/completions", json={"prompt": "a", "max_tokens": 3, "frobnicate": 1})
     assert raw.status_code == 200  # unknown fields are ignored
-    assert httpx.get(tiny_server.url + "/health").json() == {"status": "ok"}
+    health = httpx.get(tiny_server.url + "/health").json()  # what a balancer reads
+    assert health == {"status": "ok", "ready": True, "slots_total": health["slots_total"],
+                      "slots_free": health["slots_total"], "queue": 0, "queue_limit": 1} and health["slots_total"] >= 1
+    assert httpx.get(tiny_server.url + "/health?fail_on_no_slot=1").status_code == 200  # a slot is free
     assert httpx.get(tiny_server.url + "/openapi.json").status_code == 200
 
 

@@ -22,6 +22,7 @@ from pydantic import Field
 from app.engine.records import RequestRecord, StepRecord
 from app.errors import SpecdeckError
 from app.server.core import (
+    STREAM_HEADERS,
     Service,
     chat_ids,
     check_model,
@@ -112,7 +113,7 @@ def add_anthropic_routes(app: FastAPI, settings: ServeSettings, service: Service
         names = {t["name"] for t in tools}
         if body.stream:
             return StreamingResponse(_stream(request, job, text, service, names, len(ids)),
-                                     media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+                                     media_type="text/event-stream", headers=STREAM_HEADERS)
         content, rec = await collect(request, job, text)
         blocks, stop = _blocks(content, names, bool(tools))
         return {"id": "msg_" + job.id, "type": "message", "role": "assistant", "model": service.model_id,

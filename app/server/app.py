@@ -21,6 +21,7 @@ from app.server.anthropic import add_anthropic_routes
 from app.server.audit import AccessLog, open_sink
 from app.server.core import (
     Service,
+    capacity,
     finished,
     refresh_gauges,
     require_ready,
@@ -97,10 +98,15 @@ def create_app(settings: ServeSettings, service: Service) -> FastAPI:
     # -- health, status, metrics -------------------------------------------------------------
 
     @app.get("/health")
-    async def health():
-        if not service.ready:
-            return JSONResponse({"status": "loading"}, 503)
-        return {"status": "ok"}
+    async def health(fail_on_no_slot: bool = False):
+        """200 when ready (503 while loading); with ?fail_on_no_slot=1 (llama-server's), 503 while every
+        slot is busy, so a balancer's health check can steer away from a full instance."""
+        room = capacity(service)
+        if not room["ready"]:
+            return JSONResponse({"status": "loading", **room}, 503)
+        if fail_on_no_slot and room["slots_free"] == 0:
+            return JSONResponse({"status": "no slot available", **room}, 503)
+        return {"status": "ok", **room}
 
     @app.get("/v1/models")
     async def models():

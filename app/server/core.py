@@ -177,6 +177,11 @@ async def events(request: Request, job: Job) -> AsyncIterator:
         job.cancel()  # no-op when finished; frees the slot when the consumer stopped early
 
 
+# streamed answers: never cached, and never held back by a proxy (nginx honours X-Accel-Buffering
+# even where its own proxy_buffering is on)
+STREAM_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
 def submit(service: Service, settings: ServeSettings, metrics: Metrics, body: Sampling, ids: list[int],
             grammar: str | None, quiet: bool | None = None) -> Job:
     req = engine_request(body, ids, service, settings, grammar)
@@ -276,6 +281,16 @@ def refresh_gauges(service: Service, metrics: Metrics) -> list:
     return list(gpus)
 
 
+def capacity(service: Service) -> dict:
+    """What a load balancer reads: ready or not, free slots, the queue and its limit."""
+    if not service.ready:
+        return {"ready": False, "slots_total": 0, "slots_free": 0, "queue": 0, "queue_limit": 0}
+    sched = service.scheduler
+    total = len(sched.engine.slots)
+    return {"ready": True, "slots_total": total, "slots_free": total - sched.busy_slots(),
+            "queue": sched.queue_depth(), "queue_limit": sched.max_queue}
+
+
 def status_json(service: Service, metrics: Metrics) -> dict:
     gpus = refresh_gauges(service, metrics)
     eng = service.scheduler.engine
@@ -299,9 +314,7 @@ def status_json(service: Service, metrics: Metrics) -> dict:
                  "cpu_percent": service.stats.cpu_percent()},
         "model_id": service.model_id, "version": __version__,
         "errors": sum(m.value for f in metrics.errors.collect() for m in f.samples if m.name.endswith("_total")),
-        "ready": service.ready, "slots_total": len(eng.slots),
-        "slots_free": len(eng.slots) - service.scheduler.busy_slots(),
-        "queue_limit": service.scheduler.max_queue,
+        **capacity(service),
         "revision": service.revision, "machine": service.machine, "model_digests": service.digests,
         "alerts": service.alerts.to_json() if service.alerts is not None else [],
         **service.stats.snapshot(),

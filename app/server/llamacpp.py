@@ -21,6 +21,7 @@ from app.engine.sampling import check_grammar
 from app.engine.text import Tokenizer
 from app.errors import SpecdeckError
 from app.server.core import (
+    STREAM_HEADERS,
     Service,
     check_vocab,
     events,
@@ -228,7 +229,7 @@ async def _native(request: Request, service: Service, settings: ServeSettings, m
     text, budget = TextStream(lambda t: service.tokenizer.piece_bytes(t), body.stops()), _Budget(body.t_max_predict_ms)
     if body.stream:
         return StreamingResponse(_stream(request, job, text, budget, body, service), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache"})
+                                 headers=STREAM_HEADERS)
     parts, rec = [], None
     async for event in events(request, job):
         if isinstance(event, StepRecord):

@@ -18,6 +18,7 @@ from app.engine.records import RequestRecord, StepRecord
 from app.engine.text import Tokenizer
 from app.errors import SpecdeckError
 from app.server.core import (
+    STREAM_HEADERS,
     Service,
     collect,
     events,
@@ -332,7 +333,7 @@ def _ndjson(lines: AsyncIterator[dict]) -> StreamingResponse:
         async for obj in lines:
             yield (json.dumps(obj) + "\n").encode()
 
-    return StreamingResponse(body(), media_type="application/x-ndjson")
+    return StreamingResponse(body(), media_type="application/x-ndjson", headers=STREAM_HEADERS)
 
 
 def _logprobs(tok: Tokenizer, lps: list) -> list[dict]:

@@ -17,6 +17,7 @@ from app.engine.sampling import check_grammar
 from app.engine.text import Tokenizer
 from app.errors import SpecdeckError
 from app.server.core import (
+    STREAM_HEADERS,
     Service,
     chat_ids,
     check_model,
@@ -210,7 +211,7 @@ async def _generate(request: Request, service: Service, settings: ServeSettings,
             "model": service.model_id, "system_fingerprint": service.fingerprint}
     if body.stream:
         return StreamingResponse(_stream(request, job, text, kind, head, service, body, tools or [], echo, offset),
-                                 media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+                                 media_type="text/event-stream", headers=STREAM_HEADERS)
     content, record = await collect(request, job, text)
     finish = finish_reason(text, record)
     lps = _logprobs(service.tokenizer, kind, record.logprobs, offset) if job.request.logprobs is not None else None

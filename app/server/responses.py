@@ -23,6 +23,7 @@ from app.engine.records import RequestRecord, StepRecord
 from app.engine.sampling import check_grammar
 from app.errors import SpecdeckError
 from app.server.core import (
+    STREAM_HEADERS,
     Service,
     chat_ids,
     check_model,
@@ -96,7 +97,7 @@ def add_responses_routes(app: FastAPI, settings: ServeSettings, service: Service
         shell = _response(body, service, "resp_" + job.id, "in_progress", [], None)
         if body.stream:
             return StreamingResponse(_stream(request, job, text, shell, names), media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache"})
+                                     headers=STREAM_HEADERS)
         content, rec = await collect(request, job, text)
         items = _output_items(content, names)
         return _finished(shell, items, rec)

@@ -1,10 +1,16 @@
-"""A real specdeck server (uvicorn in a thread, over a real engine) and a free loopback port."""
+"""Real specdeck servers for tests: `specdeck serve` as a process (`Serve`), uvicorn in a thread
+over a real engine (`LiveServer`); a free loopback port; a self-signed certificate."""
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import uvicorn
 
@@ -16,6 +22,9 @@ from app.plan.planner import PlanRequest, make_plan
 from app.server.app import create_app
 from app.server.serve import attach, build_service
 from app.server.settings import ServeSettings
+
+ROOT = Path(__file__).resolve().parents[2]
+SPECDECK = [sys.executable, "-m", "app.cli"]
 
 
 def free_port() -> int:
@@ -66,3 +75,39 @@ class LiveServer:
         self.loaded.close()
         if self.service.embedder is not None:
             self.service.embedder.close()
+
+
+class Serve:
+    """`specdeck serve` as a user starts it, its output kept."""
+
+    def __init__(self, *args: str, env: dict | None = None) -> None:
+        self.p = subprocess.Popen([*SPECDECK, "serve", *args], cwd=ROOT, env={**os.environ, **(env or {})},
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.lines: list[str] = []
+        self.reader = threading.Thread(target=lambda: self.lines.extend(iter(self.p.stdout.readline, "")), daemon=True)
+        self.reader.start()
+
+    @property
+    def output(self) -> str:
+        return "".join(self.lines)
+
+    def wait_line(self, text: str, timeout: float = 120) -> bool:
+        return bool(wait_for(lambda: text in self.output or self.p.poll() is not None and text in self.output, timeout))
+
+    def stop(self) -> int:
+        if self.p.poll() is None:
+            self.p.send_signal(signal.SIGTERM)
+        try:
+            return self.p.wait(30)
+        finally:
+            self.p.kill()
+            self.reader.join(5)
+
+
+def self_signed(directory: Path) -> tuple[Path, Path]:
+    """A certificate for 127.0.0.1 and localhost, and its key (openssl)."""
+    cert, key = directory / "cert.pem", directory / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert),
+                    "-days", "2", "-subj", "/CN=localhost", "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost"],
+                   check=True, capture_output=True)
+    return cert, key
