@@ -70,7 +70,7 @@ def test_claude_code_answers_through_the_messages_api(clis, real_pair, tmp_path)
     log = (tmp_path / "serve.log").read_text()
     assert run.returncode == 0, (run.stdout[-2000:], run.stderr[-2000:], log[-2000:])
     assert "4" in run.stdout, run.stdout
-    assert '"path": "/v1/messages", "status": 200' in log
+    assert '"route": "/v1/messages", "status": 200' in log
 
 
 def test_codex_cli_answers_through_the_responses_api(clis, real_pair, tmp_path):
@@ -86,4 +86,4 @@ def test_codex_cli_answers_through_the_responses_api(clis, real_pair, tmp_path):
     log = (tmp_path / "serve.log").read_text()
     assert run.returncode == 0, (run.stdout[-2000:], run.stderr[-2000:], log[-2000:])
     assert "4" in run.stdout, (run.stdout, run.stderr[-1000:])
-    assert '"path": "/v1/responses", "status": 200' in log
+    assert '"route": "/v1/responses", "status": 200' in log
