@@ -221,3 +221,33 @@ def test_drafter_interface_keeps_the_index_in_step(n):
     d.release(0)
     d.begin_request(1, "k")
     assert d.propose(1, [0, 6, 7, 8], 4).tokens == ([9, 10] + [11] * n)[:4]
+
+
+def test_one_keys_text_never_drives_anothers_drafts(tiny):
+    """Behind the engine: a request under another partition drafts exactly as the very first one
+    did; the same partition's second request copies the first answer."""
+    r = rig(tiny.target, None)
+    r.engine.drafter = SuffixDrafter(SuffixIndex())
+
+    def drafted(partition: str) -> tuple[list[int], int, int]:
+        out, steps = run(r.engine, Request(prompt=PROMPT, max_tokens=40, speculative=SpecParams(n_max=8),
+                                           partition=partition))
+        return out, sum(s.drafted for s in steps), sum(s.accepted for s in steps)
+
+    alice = drafted("alice")
+    bob = drafted("bob")
+    alice_again = drafted("alice")
+    assert bob == alice  # nothing of alice's request reached bob's drafts
+    assert alice_again[0] == alice[0] and alice_again[2] >= alice[2] + 20
+
+
+def test_the_server_partitions_by_the_key_name():
+    from app.server.audit import Usage, current_usage
+    from app.server.core import request_partition
+
+    assert request_partition() == ""
+    token = current_usage.set(Usage(key="alice"))
+    try:
+        assert request_partition() == "alice"
+    finally:
+        current_usage.reset(token)
