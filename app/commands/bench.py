@@ -75,7 +75,8 @@ class ModeResult:
 
 def _drafters(loaded: Loaded, controller: Controller) -> dict:
     drafters = {mode: build_drafter(mode, loaded.draft, controller) for mode in DRAFTER_KINDS}
-    drafters["adaptive-local"] = build_drafter("adaptive", loaded.draft, controller, suffix_tokens=0)
+    # its own acceptance estimates (the same measured costs): what one mode learns must not steer the other
+    drafters["adaptive-local"] = build_drafter("adaptive", loaded.draft, Controller(controller.costs), suffix_tokens=0)
     return drafters
 
 
@@ -91,11 +92,10 @@ def clear_index(drafter) -> None:
         index.clear()
 
 
-def measure_one(loaded: Loaded, drafter, mode: str, ids: list[int], max_tokens: int, controller: Controller,
-                res: ModeResult):
+def measure_one(loaded: Loaded, drafter, mode: str, ids: list[int], max_tokens: int, res: ModeResult):
     """One greedy request through a fresh engine with this mode's drafter; its figures go to `res`."""
     n_max = ADAPTIVE_N_MAX if mode.startswith("adaptive") else DRAFT_N_MAX
-    engine = Engine(loaded.target, drafter, 1, draft_limit=n_max, costs=controller if mode.startswith("adaptive") else None)
+    engine = Engine(loaded.target, drafter, 1, draft_limit=n_max, costs=getattr(drafter, "controller", None))
     d_ctx = loaded.draft
     d0 = (d_ctx.decode_seconds if d_ctx else 0.0)
     req = Request(prompt=ids, max_tokens=max_tokens, stop_tokens=loaded.tokenizer.stop_tokens,
@@ -151,7 +151,7 @@ def run_engine(loaded: Loaded, prompts: list[dict], max_tokens: int, repeats: in
                     continue
                 clear_index(drafter)  # never the answer of an earlier run of this very prompt
                 res = results.setdefault(kind, {}).setdefault(mode, ModeResult())
-                r = measure_one(loaded, drafter, mode, ids, max_tokens, controller, res)
+                r = measure_one(loaded, drafter, mode, ids, max_tokens, res)
                 log(f"  [{rep + 1}/{repeats}] {kind:16} {mode:9} {r.generation_tps or 0:6.1f} tok/s"
                     f"  acceptance {r.acceptance if r.acceptance is None else round(r.acceptance, 2)}"
                     f"  tokens/decode {r.tokens_per_decode or 0:.2f}")
@@ -187,7 +187,7 @@ def run_agent(loaded: Loaded, turns: list[dict], max_tokens: int, repeats: int, 
                 index = suffix_index(drafter)
                 held = index.holds() if index is not None else None  # before this turn joins it
                 res = results.setdefault(turn["kind"], {}).setdefault(mode, ModeResult())
-                r = measure_one(loaded, drafter, mode, prompt, max_tokens, controller, res)
+                r = measure_one(loaded, drafter, mode, prompt, max_tokens, res)
                 _add(sums, turn, len(r.completion), r.t_generate)
                 log(f"  [{rep + 1}/{repeats}] {turn['session']}{turn['turn']} {turn['kind']:22} {mode:14} "
                     f"{r.generation_tps or 0:6.1f} tok/s  tokens/decode {r.tokens_per_decode or 0:.2f}"
