@@ -192,25 +192,26 @@ class SuffixIndex:
         if not cands:
             return Match([])
         best = max(d for d, _ in cands)
-        return _walk([c for d, c in cands if 2 * d >= best], k, best)
+        return _walk([(d, c) for d, c in cands if 2 * d >= best], k)
 
 
-def _walk(conts: list[list[int]], k: int, depth: int) -> Match:
-    """The continuation most of `conts` agree on, token by token."""
+def _walk(cands: list[tuple[int, list[int]]], k: int) -> Match:
+    """The continuation most of the (depth, continuation) candidates agree on, token by token; its
+    depth is that of the deepest candidate behind its first token."""
     out: list[int] = []
-    count = 0
+    count = depth = 0
     for j in range(k):
-        votes = collections.Counter(c[j] for c in conts if len(c) > j)
+        votes = collections.Counter(c[j] for _, c in cands if len(c) > j)
         if not votes:
             break
         token, n = votes.most_common(1)[0]
-        if n < AGREEMENT * len(conts):
+        if n < AGREEMENT * len(cands):
             break
+        cands = [(d, c) for d, c in cands if len(c) > j and c[j] == token]
         if j == 0:
-            count = n
+            count, depth = n, max(d for d, _ in cands)
         out.append(token)
-        conts = [c for c in conts if len(c) > j and c[j] == token]
-    return Match(out, depth if out else 0, count)
+    return Match(out, depth, count)
 
 
 def _common_prefix(a: array, b: Sequence[int]) -> int:
