@@ -129,6 +129,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ctx", type=int, default=4096, help="context length (default 4096)")
     p.add_argument("--threads", type=int, help="threads (default: physical cores)")
     p.add_argument("--no-anchors", action="store_true", help="skip llama-server")
+    p.add_argument("--workload", choices=("builtin", "agent"), default="builtin",
+                   help="the built-in prompts, each alone (default), or the agent workload: coding sessions replayed in order")
     p.add_argument("--json", action="store_true", help="print the result as one JSON object")
     p.set_defaults(func=cmd_bench)
 

@@ -8,7 +8,10 @@ threads) run at once, and measurements alternate between them: aggregate generat
 1, 2 and 4 concurrent clients (greedy, --tokens each, `ignore_eos`, so both servers generate the
 same count). Workloads: `helpers` (default) gives each client its own short code prompt; `coding`
 sends the speed issue's four prompts (code completion, code edit, code question, prose; chat
-rendered with the model's template) n at a time. Each ratio is taken per
+rendered with the model's template) n at a time; `agent` sends the agent workload's turns
+(app/commands/workloads.py) in session order, n at a time. Every measurement sends its own API key
+to specdeck, so its suffix index starts empty for it (the index is partitioned by key): no
+measurement drafts from an earlier measurement's answers to the same prompts. Each ratio is taken per
 round (the two servers measured back to back, who goes first alternating), then the median of the
 rounds with its min and max. Then time to first token for a ~2.6K-token prompt sent cold and then
 again (the prompt cache). Loopback only; bounded counts; stops by itself.
@@ -23,6 +26,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -38,11 +42,14 @@ from app.models.fetch import Fetcher  # noqa: E402
 from app.settings import hub_settings, paths  # noqa: E402
 
 DRAFTS: dict[str, list[int]] = {}  # url -> [drafted, accepted] over the timed requests (specdeck's timings)
+KEYS = {f"m{i}": f"sk-bench-{i:03d}-{os.urandom(4).hex()}" for i in range(64)}  # one per measurement
+CURRENT = {"key": "m0"}
 
 
 def complete(url: str, prompt: str, tokens: int) -> int:
     body = {"prompt": prompt, "max_tokens": tokens, "temperature": 0, "ignore_eos": True}
-    r = httpx.post(url + "/v1/completions", json=body, timeout=600).json()
+    headers = {"Authorization": f"Bearer {KEYS[CURRENT['key']]}"}  # llama-server ignores it
+    r = httpx.post(url + "/v1/completions", json=body, headers=headers, timeout=600).json()
     t = r.get("timings") or {}
     totals = DRAFTS.setdefault(url, [0, 0])
     totals[0] += int(t.get("draft_n") or 0)
@@ -54,9 +61,10 @@ def helper_prompts(streams: int) -> list[str]:
     return [f"# file {i}\n# a small utility, number {i}\ndef helper_{i}(values):\n" for i in range(streams)]
 
 
-def coding_prompts(target: Path) -> list[str]:
-    """The speed issue's four prompts as text: chat messages rendered with the model's own template,
-    sent to both servers as the same raw prompt (llama-server's own chat formatting may differ)."""
+def coding_prompts(target: Path, items: list[dict] | None = None) -> list[str]:
+    """The speed issue's four prompts (or `items`) as text: chat messages rendered with the model's
+    own template, sent to both servers as the same raw prompt (llama-server's own chat formatting
+    may differ)."""
     from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
     from app.commands.equivalence import BUILTIN_PROMPTS
@@ -65,7 +73,8 @@ def coding_prompts(target: Path) -> list[str]:
     vocab = read_model_info(target).vocab
     name = lambda i: vocab.tokens[i] if i is not None else ""  # noqa: E731
     fmt = Jinja2ChatFormatter(vocab.chat_template, name(vocab.eos_id), name(vocab.bos_id))
-    return [item["prompt"] if "prompt" in item else fmt(messages=item["messages"]).prompt for item in BUILTIN_PROMPTS]
+    return [item["prompt"] if "prompt" in item else fmt(messages=item["messages"]).prompt
+            for item in (BUILTIN_PROMPTS if items is None else items)]
 
 
 def aggregate(url: str, streams: int, tokens: int, prompts: list[str] | None = None) -> float:
@@ -82,7 +91,8 @@ def ttft(url: str, prompt: str) -> tuple[float, float]:
     def once() -> float:
         t = time.perf_counter()
         with httpx.stream("POST", url + "/v1/completions", json={"prompt": prompt, "max_tokens": 4, "temperature": 0,
-                                                                 "stream": True, "cache_prompt": True}, timeout=600) as r:
+                                                                 "stream": True, "cache_prompt": True}, timeout=600,
+                          headers={"Authorization": f"Bearer {KEYS[CURRENT['key']]}"}) as r:
             for line in r.iter_lines():
                 if line.startswith("data: ") and line != "data: [DONE]":
                     return time.perf_counter() - t
@@ -111,7 +121,7 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=2, help="rounds of 1/2/4 streams per server, interleaved (median)")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 2)
     ap.add_argument("--specdeck-arg", action="append", default=[], help="extra flag for specdeck serve (repeatable)")
-    ap.add_argument("--workload", choices=["helpers", "coding"], default="helpers")
+    ap.add_argument("--workload", choices=["helpers", "coding", "agent"], default="helpers")
     ap.add_argument("--no-ttft", action="store_true", help="skip the long-prompt TTFT check")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
@@ -120,9 +130,15 @@ def main() -> int:
     fetcher = Fetcher(paths(), hub_settings(), __import__("rich.console").console.Console(quiet=True))
     target = fetcher.existing(catalog.model(preset.target)).path
     long_prompt = ("# Review this module.\n" + CODE_EDIT_MODULE) * 8  # ~2.6K tokens
-    prompts = coding_prompts(target) if args.workload == "coding" else None
+    from app.commands.workloads import agent_turns
+
+    prompts = coding_prompts(target) if args.workload == "coding" else \
+        coding_prompts(target, agent_turns()) if args.workload == "agent" else None
+    keys = Path(tempfile.mkdtemp()) / "keys"
+    keys.write_text("".join(f"{name} {key}\n" for name, key in KEYS.items()))
     commands = {"specdeck": lambda port: [sys.executable, "-m", "app.cli", "serve", args.preset, "--port", str(port),
-                                          "--parallel", "4", "--ctx", "16384", "--threads", str(args.threads)] + args.specdeck_arg}
+                                          "--parallel", "4", "--ctx", "16384", "--threads", str(args.threads),
+                                          "--api-key-file", str(keys)] + args.specdeck_arg}
     server = find_llama_server()
     if server:
         commands["llama_server_np4"] = lambda port: [str(server), "-m", str(target), "--port", str(port), "--host",
@@ -139,8 +155,11 @@ def main() -> int:
             aggregate(url, 4, 1, prompts)
         DRAFTS.clear()
         order = list(running)
+        measurement = 0
         for _ in range(args.rounds):
             for n in (1, 2, 4):
+                measurement += 1
+                CURRENT["key"] = f"m{measurement}"  # an empty suffix index for this measurement
                 for name in order:
                     samples[name][n].append(aggregate(running[name][0], n, args.tokens, prompts))
             order.reverse()  # ABBA: who goes first alternates, so a drift falls on both sides
@@ -151,6 +170,7 @@ def main() -> int:
             drafted, accepted = DRAFTS.get(url, [0, 0])
             results[name].update({"drafted": drafted, "accepted": accepted})
             if not args.no_ttft:
+                CURRENT["key"] = "m63"
                 cold, cached = ttft(url, long_prompt)
                 results[name].update({"ttft_cold_s": cold, "ttft_cached_s": cached, "ttft_cached_vs_cold": cached / cold})
     finally:

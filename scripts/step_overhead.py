@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
 """Python time per engine step (wall time minus time inside llama_decode), at a short and a long
-context, on the tiny test models, so that per-step work that grows with the context shows.
+context, on the tiny test models, so that per-step work that grows with the context shows; and the
+suffix index's costs: a step with 100K tokens of other requests indexed, indexing a 100K-token
+prompt, and its memory per indexed token.
 
-    python scripts/step_overhead.py [--context 32768] [--steps 200]
+    python scripts/step_overhead.py [--context 32768] [--steps 200] [--indexed 100000]
 
 The tiny models decode fast, so what is left is the engine's own bookkeeping. On a 24 GB card a 27B
 step takes tens of milliseconds, and anything here that grows with 110K tokens competes with it.
@@ -28,6 +30,7 @@ from app.engine.controller import Controller, CostModel  # noqa: E402
 from app.engine.drafters.adaptive import AdaptiveDrafter  # noqa: E402
 from app.engine.drafters.lookup import LookupDrafter  # noqa: E402
 from app.engine.drafters.model import ModelDrafter  # noqa: E402
+from app.engine.drafters.suffix import SuffixDrafter, SuffixIndex  # noqa: E402
 from app.engine.engine import Engine, Request, SpecParams  # noqa: E402
 from app.llama.context import Context, Model  # noqa: E402
 from app.llama.params import ModelParams  # noqa: E402
@@ -49,27 +52,82 @@ def python_ms_per_step(engine: Engine, contexts: list[Context], prompt: list[int
     return (wall - decode) / max(1, n) * 1e3
 
 
+def code_like(rng: np.random.Generator, n: int) -> list[int]:
+    """Token text with the repeats code has: blocks copied from earlier in it, with small edits."""
+    out: list[int] = []
+    while len(out) < n:
+        if len(out) > 200 and rng.random() < 0.5:
+            a = int(rng.integers(0, len(out) - 100))
+            block = out[a: a + int(rng.integers(20, 100))]
+            out += [t if rng.random() > 0.05 else int(rng.integers(5, 200)) for t in block]
+        else:
+            out += [int(x) for x in rng.integers(5, 200, int(rng.integers(10, 60)))]
+    return out[:n]
+
+
+def fill(index: SuffixIndex, rng: np.random.Generator, tokens: int, per_doc: int = 2000) -> None:
+    """Other requests: documents of `per_doc` tokens, prompt half and output half."""
+    for i in range(max(1, tokens // per_doc)):
+        text = code_like(rng, per_doc)
+        doc = index.open(f"key{i % 3}" if i % 4 else "", text[: per_doc // 2])
+        index.extend(doc, text[per_doc // 2:])
+
+
+def index_costs(rng: np.random.Generator, indexed: int) -> None:
+    import tracemalloc
+
+    prompt = code_like(rng, indexed)
+    times = []
+    for _ in range(3):
+        index = SuffixIndex(max_tokens=2 * indexed)
+        t = time.perf_counter()
+        index.open("", prompt)
+        times.append(time.perf_counter() - t)
+    tracemalloc.start()
+    index = SuffixIndex(max_tokens=2 * indexed)
+    fill(index, rng, indexed)
+    size = tracemalloc.get_traced_memory()[0]
+    tracemalloc.stop()
+    ts = sorted(times)
+    print(f"suffix index: a {indexed:,}-token prompt indexed in {ts[1]:.3f} s (median of 3, {ts[0]:.3f}-{ts[-1]:.3f}); "
+          f"{index.tokens:,} tokens of {len(index.docs)} requests take {size / 2**20:.1f} MiB "
+          f"({size / max(1, index.tokens):.0f} bytes a token)")
+    history = code_like(rng, 32_768)
+    n = 2000
+    t = time.perf_counter()
+    for i in range(n):
+        index.propose("key1", history[: 30_000 + i], 16)
+    print(f"suffix index: a proposal for a 32K-token request takes {(time.perf_counter() - t) / n * 1e3:.3f} ms")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--context", type=int, default=32768)
     ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--indexed", type=int, default=100_000, help="other requests' tokens in the suffix index")
     args = ap.parse_args()
+    rng = np.random.default_rng(0)
+    index_costs(rng, args.indexed)
     with tempfile.TemporaryDirectory() as d:
         target = write_tiny_model(Path(d) / "target.gguf", seed=0)
         draft = write_tiny_model(Path(d) / "draft.gguf", seed=1, n_layers=1)
         params = ModelParams(args.context + 1024, 2048, 512, 2, True, "f16", "f16", True, False, 0, 0)
         tc, dc = Context(Model(target), params, 2), Context(Model(draft), params, 2)
         costs = CostModel({1: 0.010, 2: 0.011, 3: 0.012, 4: 0.013, 5: 0.014}, 0.001)  # drafting pays
+        index = SuffixIndex(max_tokens=2 * args.indexed + 2 * args.context)
+        fill(index, rng, args.indexed)
         drafters = {"draft model": ModelDrafter(dc),
-                    "adaptive": AdaptiveDrafter(Controller(costs, learn_costs=False), LookupDrafter(), ModelDrafter(dc))}
-        rng = np.random.default_rng(0)
-        print(f"{'drafter':<12} {'context':>8} {'Python ms/step':>15}")
+                    "adaptive": AdaptiveDrafter(Controller(costs, learn_costs=False), LookupDrafter(), ModelDrafter(dc)),
+                    "adaptive+suffix": AdaptiveDrafter(Controller(costs, learn_costs=False), LookupDrafter(),
+                                                       ModelDrafter(dc), SuffixDrafter(index))}
+        print(f"\n{'drafter':<16} {'context':>8} {'Python ms/step':>15}   (adaptive+suffix: {index.tokens:,} "
+              f"tokens of other requests indexed)")
         for name, drafter in drafters.items():
             engine = Engine(tc, drafter, 2, draft_limit=4)
             for n in (100, args.context):
                 prompt = [int(x) for x in rng.integers(5, 200, n)]
                 ms = python_ms_per_step(engine, [tc, dc], prompt, args.steps)
-                print(f"{name:<12} {n:>8,} {ms:>15.3f}", flush=True)
+                print(f"{name:<16} {n:>8,} {ms:>15.3f}", flush=True)
     return 0
 
 

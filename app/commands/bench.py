@@ -1,6 +1,12 @@
-"""`specdeck bench`: tokens/s with speculation off, with the draft model, with prompt lookup and
-with the adaptive choice, on the same prompts, side by side in one run; and, where a llama-server
-built from the same llama.cpp sources is present, the same prompts through it as anchors.
+"""`specdeck bench`: tokens/s with speculation off, with the draft model, with prompt lookup, with
+the suffix index and with the adaptive choice, on the same prompts, side by side in one run; and,
+where a llama-server built from the same llama.cpp sources is present, the same prompts through it
+as anchors.
+
+`--workload builtin` (the default) runs each prompt on its own: the suffix index is cleared before
+every run, so no run drafts from an earlier run of the very prompt it measures. `--workload agent`
+replays the agent workload (app/commands/workloads.py) turn by turn in session order, each mode
+from an empty index that the workload's own turns then fill, as in real use.
 """
 
 from __future__ import annotations
@@ -28,15 +34,18 @@ from app.commands.common import (
     out,
 )
 from app.commands.equivalence import prompt_tokens
+from app.commands.workloads import agent_turns
 from app.engine.calibration import calibrate
 from app.engine.controller import Controller
 from app.engine.engine import Engine, Request, SpecParams
 from app.engine.loader import DRAFTER_KINDS, Loaded, build_drafter
+from app.errors import SpecdeckError
 from app.gguf.info import read_model_info
 from app.plan.hardware import detect
 from app.plan.planner import PlanRequest, make_plan
 
 MODES = ("plain", "adaptive", "lookup", "draft")  # plain and adaptive side by side; the order flips each repeat
+AGENT_MODES = ("plain", "adaptive", "adaptive-local", "suffix", "lookup")  # adaptive-local: without the global index
 DRAFT_N_MAX = 8  # the draft model at a fixed length, greedy (our "draft" mode)
 ANCHOR_P_MIN = 0.75  # llama-server's best draft setting here (FACTS: n-max 8, p-min 0.75)
 ADAPTIVE_N_MAX = 48  # the controller may go this long (lookup proposals are free to make; llama-server's ngram-simple drafts 48)
@@ -48,6 +57,7 @@ ADAPTIVE_N_MAX = 48  # the controller may go this long (lookup proposals are fre
 @dataclass
 class ModeResult:
     tok_s: list[float] = field(default_factory=list)
+    tokens: list[int] = field(default_factory=list)
     acceptance: list[float] = field(default_factory=list)
     tokens_per_decode: list[float] = field(default_factory=list)
     python_ms_per_drafted: list[float] = field(default_factory=list)
@@ -58,24 +68,73 @@ class ModeResult:
             "tok_s": med(self.tok_s), "tok_s_min": min(self.tok_s, default=None), "tok_s_max": max(self.tok_s, default=None),
             "tok_s_all": list(self.tok_s),
             "acceptance": med(self.acceptance), "tokens_per_decode": med(self.tokens_per_decode),
+            "tokens_per_decode_all": list(self.tokens_per_decode),
             "python_ms_per_drafted_token": med(self.python_ms_per_drafted),
         }
 
 
 def _drafters(loaded: Loaded, controller: Controller) -> dict:
-    return {mode: build_drafter(mode, loaded.draft, controller) for mode in DRAFTER_KINDS}
+    drafters = {mode: build_drafter(mode, loaded.draft, controller) for mode in DRAFTER_KINDS}
+    # its own acceptance estimates (the same measured costs): what one mode learns must not steer the other
+    drafters["adaptive-local"] = build_drafter("adaptive", loaded.draft, Controller(controller.costs), suffix_tokens=0)
+    return drafters
+
+
+def suffix_index(drafter):
+    """The drafter's suffix index over recent requests (None where it has none)."""
+    inner = getattr(drafter, "suffix", None) or drafter
+    return getattr(inner, "index", None)
+
+
+def clear_index(drafter) -> None:
+    index = suffix_index(drafter)
+    if index is not None:
+        index.clear()
+
+
+def measure_one(loaded: Loaded, drafter, mode: str, ids: list[int], max_tokens: int, res: ModeResult):
+    """One greedy request through a fresh engine with this mode's drafter; its figures go to `res`."""
+    n_max = ADAPTIVE_N_MAX if mode.startswith("adaptive") else DRAFT_N_MAX
+    engine = Engine(loaded.target, drafter, 1, draft_limit=n_max, costs=getattr(drafter, "controller", None))
+    d_ctx = loaded.draft
+    d0 = (d_ctx.decode_seconds if d_ctx else 0.0)
+    req = Request(prompt=ids, max_tokens=max_tokens, stop_tokens=loaded.tokenizer.stop_tokens,
+                  speculative=SpecParams(enabled=mode != "plain", n_max=n_max))
+    for _ in engine.generate(req):
+        pass
+    r = engine.slots[0].record
+    if drafter is not None:
+        drafter.release(0)
+    res.tok_s.append(r.generation_tps or 0.0)
+    res.tokens.append(len(r.completion))
+    if r.acceptance is not None:
+        res.acceptance.append(r.acceptance)
+    res.tokens_per_decode.append(r.tokens_per_decode or 0.0)
+    if mode == "draft" and r.drafted:
+        in_llama = (d_ctx.decode_seconds - d0) if d_ctx else 0.0
+        res.python_ms_per_drafted.append(max(r.t_draft - in_llama, 0.0) / r.drafted * 1e3)
+    return r
+
+
+def _calibrated(loaded: Loaded, log) -> Controller:
+    t = time.perf_counter()
+    costs = calibrate(loaded.target, loaded.draft, ADAPTIVE_N_MAX)
+    log(f"calibrated in {time.perf_counter() - t:.1f} s: c_verify(n) ms "
+        + " ".join(f"{n}: {costs.verify[n] * 1e3:.1f}" for n in sorted(costs.verify))
+        + (f"; c_draft {costs.draft * 1e3:.1f} ms" if costs.draft else ""))
+    return Controller(costs)
+
+
+def _costs_json(controller: Controller) -> dict:
+    costs = controller.costs
+    return {"c_verify_ms": {n: v * 1e3 for n, v in costs.verify.items()}, "c_draft_ms": (costs.draft or 0) * 1e3}
 
 
 def run_engine(loaded: Loaded, prompts: list[dict], max_tokens: int, repeats: int, modes=MODES, log=print,
                anchors: AnchorServers | None = None) -> tuple[dict, dict, dict]:
     """{kind: {mode: summary}}, the calibrated costs, and {anchor: {kind: tok_s}} measured next to
     each prompt's runs (when `anchors` are up)."""
-    t = time.perf_counter()
-    costs = calibrate(loaded.target, loaded.draft, ADAPTIVE_N_MAX)
-    log(f"calibrated in {time.perf_counter() - t:.1f} s: c_verify(n) ms "
-        + " ".join(f"{n}: {costs.verify[n] * 1e3:.1f}" for n in sorted(costs.verify))
-        + (f"; c_draft {costs.draft * 1e3:.1f} ms" if costs.draft else ""))
-    controller = Controller(costs)
+    controller = _calibrated(loaded, log)
     drafters = _drafters(loaded, controller)
     tok = loaded.tokenizer
     results: dict[str, dict[str, ModeResult]] = {}
@@ -90,25 +149,9 @@ def run_engine(loaded: Loaded, prompts: list[dict], max_tokens: int, repeats: in
                 drafter = drafters[mode]
                 if mode != "plain" and drafter is None:
                     continue
-                n_max = ADAPTIVE_N_MAX if mode == "adaptive" else DRAFT_N_MAX
-                engine = Engine(loaded.target, drafter, 1, draft_limit=n_max, costs=controller if mode == "adaptive" else None)
-                d_ctx = loaded.draft
-                d0 = (d_ctx.decode_seconds if d_ctx else 0.0)
-                req = Request(prompt=ids, max_tokens=max_tokens, stop_tokens=tok.stop_tokens,
-                              speculative=SpecParams(enabled=mode != "plain", n_max=n_max))
-                for _ in engine.generate(req):
-                    pass
-                r = engine.slots[0].record
-                if drafter is not None:
-                    drafter.release(0)
+                clear_index(drafter)  # never the answer of an earlier run of this very prompt
                 res = results.setdefault(kind, {}).setdefault(mode, ModeResult())
-                res.tok_s.append(r.generation_tps or 0.0)
-                if r.acceptance is not None:
-                    res.acceptance.append(r.acceptance)
-                res.tokens_per_decode.append(r.tokens_per_decode or 0.0)
-                if mode == "draft" and r.drafted:
-                    in_llama = (d_ctx.decode_seconds - d0) if d_ctx else 0.0
-                    res.python_ms_per_drafted.append(max(r.t_draft - in_llama, 0.0) / r.drafted * 1e3)
+                r = measure_one(loaded, drafter, mode, ids, max_tokens, res)
                 log(f"  [{rep + 1}/{repeats}] {kind:16} {mode:9} {r.generation_tps or 0:6.1f} tok/s"
                     f"  acceptance {r.acceptance if r.acceptance is None else round(r.acceptance, 2)}"
                     f"  tokens/decode {r.tokens_per_decode or 0:.2f}")
@@ -119,8 +162,78 @@ def run_engine(loaded: Loaded, prompts: list[dict], max_tokens: int, repeats: in
     summary = {kind: {mode: res.summary() for mode, res in modes_.items()} for kind, modes_ in results.items()}
     anchor_summary = {name: {kind: statistics.median(v) for kind, v in kinds.items()} for name, kinds in anchor_runs.items()}
     anchor_summary["runs"] = anchor_runs
-    return (summary, {"c_verify_ms": {n: v * 1e3 for n, v in costs.verify.items()}, "c_draft_ms": (costs.draft or 0) * 1e3},
-            anchor_summary if anchor_runs else {})
+    return summary, _costs_json(controller), anchor_summary if anchor_runs else {}
+
+
+def run_agent(loaded: Loaded, turns: list[dict], max_tokens: int, repeats: int, modes=AGENT_MODES, log=print,
+              anchors: AnchorServers | None = None) -> tuple[dict, dict, dict, dict]:
+    """The agent workload: in each repeat, every mode replays all turns in session order from an
+    empty suffix index (the modes' order flips each repeat), then each anchor does. Returns
+    {kind: {mode: summary}}, the costs, {anchor: {kind: tok_s}}, and the per-repeat totals
+    {mode or anchor: {"all" | "cross": [(tokens, seconds) per repeat]}}."""
+    controller = _calibrated(loaded, log)
+    drafters = _drafters(loaded, controller)
+    ids = [prompt_tokens(loaded.tokenizer, t) for t in turns]
+    results: dict[str, dict[str, ModeResult]] = {}
+    totals: dict[str, dict[str, list]] = {}
+    for rep in range(repeats):
+        for mode in (modes if rep % 2 == 0 else tuple(reversed(modes))):
+            drafter = drafters[mode]
+            if mode != "plain" and drafter is None:
+                continue
+            clear_index(drafter)
+            sums = {"all": [0, 0.0], "cross": [0, 0.0]}
+            for turn, prompt in zip(turns, ids):
+                index = suffix_index(drafter)
+                held = index.holds() if index is not None else None  # before this turn joins it
+                res = results.setdefault(turn["kind"], {}).setdefault(mode, ModeResult())
+                r = measure_one(loaded, drafter, mode, prompt, max_tokens, res)
+                _add(sums, turn, len(r.completion), r.t_generate)
+                log(f"  [{rep + 1}/{repeats}] {turn['session']}{turn['turn']} {turn['kind']:22} {mode:14} "
+                    f"{r.generation_tps or 0:6.1f} tok/s  tokens/decode {r.tokens_per_decode or 0:.2f}"
+                    + (f"  (index held {held['documents']} requests, {held['tokens']:,} tokens)" if held else ""))
+            _total(totals, mode, sums)
+        for name in (anchors.urls if anchors else {}):
+            sums = {"all": [0, 0.0], "cross": [0, 0.0]}
+            for turn, prompt in zip(turns, ids):
+                n, seconds = anchors.measure_counted(name, prompt, max_tokens)
+                res = results.setdefault(turn["kind"], {}).setdefault(name, ModeResult())
+                res.tok_s.append(n / seconds if seconds else 0.0)
+                res.tokens.append(n)
+                _add(sums, turn, n, seconds)
+                log(f"  [{rep + 1}/{repeats}] {turn['session']}{turn['turn']} {turn['kind']:22} {name:14} "
+                    f"{n / seconds if seconds else 0:6.1f} tok/s")
+            _total(totals, name, sums)
+    summary = {kind: {mode: res.summary() for mode, res in modes_.items()} for kind, modes_ in results.items()}
+    return summary, _costs_json(controller), {}, totals
+
+
+def _add(sums: dict, turn: dict, tokens: int, seconds: float) -> None:
+    for part in ("all", "cross") if turn["cross"] else ("all",):
+        sums[part][0] += tokens
+        sums[part][1] += seconds
+
+
+def _total(totals: dict, mode: str, sums: dict) -> None:
+    for part, (n, seconds) in sums.items():
+        totals.setdefault(mode, {}).setdefault(part, []).append(n / seconds if seconds else 0.0)
+
+
+def agent_ratios(totals: dict) -> dict:
+    """Workload tokens/s (all turns; the cross-request turns) per mode, and the goals' ratios paired by repeat."""
+    ngram = [a for a in totals if a.startswith("llama_server_ngram") or a == "llama_server_lookup"]
+    out: dict = {"tok_s": {m: {p: statistics.median(v) for p, v in parts.items()} for m, parts in totals.items()}}
+    if ngram:
+        best = max(ngram, key=lambda a: statistics.median(totals[a]["all"]))
+        out["best_ngram_anchor"] = best
+    for key, a, b, part in (("adaptive_vs_plain_cross", "adaptive", "plain", "cross"),
+                            ("adaptive_vs_adaptive_local_cross", "adaptive", "adaptive-local", "cross"),
+                            ("adaptive_vs_plain_all", "adaptive", "plain", "all"),
+                            ("adaptive_vs_best_ngram_all", "adaptive", out.get("best_ngram_anchor"), "all")):
+        got = paired((totals.get(a) or {}).get(part, []), (totals.get(b) or {}).get(part, [])) if b else None
+        if got:
+            out[key], out[key + "_min"], out[key + "_max"] = got
+    return out
 
 
 # -- llama-server anchors ----------------------------------------------------------------------
@@ -130,6 +243,12 @@ ANCHORS = {
     "llama_server_draft": ["--spec-type", "draft-simple", "-md", "{draft}", "--spec-draft-n-max", str(DRAFT_N_MAX),
                            "--spec-draft-p-min", str(ANCHOR_P_MIN)],
     "llama_server_lookup": ["--spec-type", "ngram-simple"],
+}
+AGENT_ANCHORS = {  # the agent workload: plain and llama-server's three n-gram modes (the best is the anchor)
+    "llama_server_plain": [],
+    "llama_server_ngram_simple": ["--spec-type", "ngram-simple"],
+    "llama_server_ngram_map_k": ["--spec-type", "ngram-map-k"],
+    "llama_server_ngram_mod": ["--spec-type", "ngram-mod"],
 }
 
 
@@ -176,15 +295,17 @@ class AnchorServers:
     """llama-server with each anchor's flags, all started up front and kept up, so every anchor is
     measured right next to specdeck's own runs of the same prompt (this machine's speed drifts)."""
 
-    def __init__(self, server: Path, target: Path, draft: Path | None, threads: int, n_ctx: int) -> None:
+    def __init__(self, server: Path, target: Path, draft: Path | None, threads: int, n_ctx: int,
+                 anchors: dict | None = None) -> None:
         self.urls: dict[str, str] = {}
         self.procs: list[subprocess.Popen] = []
         self.args = (server, target, draft, threads, n_ctx)
+        self.anchors = anchors or ANCHORS
 
     def __enter__(self) -> AnchorServers:
         server, target, draft, threads, n_ctx = self.args
         try:
-            for name, extra in ANCHORS.items():
+            for name, extra in self.anchors.items():
                 if any("{draft}" in a for a in extra) and draft is None:
                     continue
                 port = free_port()
@@ -206,6 +327,12 @@ class AnchorServers:
         r = _post(self.urls[name] + "/completion", {"prompt": ids, "n_predict": max_tokens, "temperature": 0,
                                                     "cache_prompt": False, "top_k": 1})
         return float(r["timings"]["predicted_per_second"])
+
+    def measure_counted(self, name: str, ids: list[int], max_tokens: int) -> tuple[int, float]:
+        """(generated tokens, seconds generating) for one greedy request."""
+        r = _post(self.urls[name] + "/completion", {"prompt": ids, "n_predict": max_tokens, "temperature": 0,
+                                                    "cache_prompt": False, "top_k": 1})
+        return int(r["timings"]["predicted_n"]), float(r["timings"]["predicted_ms"]) / 1e3
 
     def __exit__(self, *exc) -> None:
         for proc in self.procs:
@@ -253,7 +380,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     catalog = catalog_from_args(args)
     sel = make_selection(args, catalog)
-    prompts = load_prompts(Path(args.prompts) if args.prompts else None)
+    agent = getattr(args, "workload", "builtin") == "agent"
+    if agent and args.prompts:
+        raise SpecdeckError("--prompts and --workload agent do not go together", hint="the agent workload is built in")
+    prompts = agent_turns() if agent else load_prompts(Path(args.prompts) if args.prompts else None)
     fetcher = make_fetcher(offline=True)
     target = read_model_info(local_path(fetcher, sel.target))
     draft = read_model_info(local_path(fetcher, sel.draft)) if sel.draft else None
@@ -266,15 +396,28 @@ def cmd_bench(args: argparse.Namespace) -> int:
         log(f"anchors: {server} (kept up, measured next to each prompt's runs)")
     elif not args.no_anchors:
         log("anchors: no llama-server found (scripts/build_llama_server.sh builds one)")
-    servers = (AnchorServers(server, target.path, draft.path if draft else None, threads, plan.ctx) if server
-               else contextlib.nullcontext(None))
+    servers = (AnchorServers(server, target.path, draft.path if draft else None, threads, plan.ctx,
+                             AGENT_ANCHORS if agent else ANCHORS) if server else contextlib.nullcontext(None))
     with servers as up:
         loaded = load(plan, target, draft, threads)
         try:
-            log(f"bench: {sel.name}, {threads} threads, {args.max_tokens} tokens per prompt, {args.repeats} repeats")
-            workloads, costs, anchors = run_engine(loaded, prompts, args.max_tokens, args.repeats, log=log, anchors=up)
+            log(f"bench: {sel.name}, {threads} threads, {args.max_tokens} tokens per prompt, {args.repeats} repeats"
+                + (f", the agent workload ({len(prompts)} turns, two sessions interleaved; every mode starts from an "
+                   "empty suffix index that the turns fill in order)" if agent else
+                   "; the suffix index is cleared before every run"))
+            if agent:
+                workloads, costs, anchors, totals = run_agent(loaded, prompts, args.max_tokens, args.repeats, log=log,
+                                                              anchors=up)
+            else:
+                workloads, costs, anchors = run_engine(loaded, prompts, args.max_tokens, args.repeats, log=log, anchors=up)
         finally:
             loaded.close()
+    if agent:
+        result = {"workload": "agent", "turns": [{k: t[k] for k in ("session", "turn", "kind", "cross")} for t in prompts],
+                  "workloads": workloads, "totals": totals, "ratios": agent_ratios(totals), "costs": costs,
+                  "threads": threads, "max_tokens": args.max_tokens, "repeats": args.repeats}
+        out.print_json(json.dumps(result)) if args.json else print_agent(result)
+        return 0
     anchor_runs = anchors.pop("runs", {})
     result = {"workloads": workloads, "anchors": anchors, "anchor_runs": anchor_runs,
               "ratios": ratios(workloads, anchor_runs), "costs": costs,
@@ -293,3 +436,30 @@ def cmd_bench(args: argparse.Namespace) -> int:
                           anchor("llama_server_plain"), anchor("llama_server_draft"), anchor("llama_server_lookup"))
         out.print(table)
     return 0
+
+
+def print_agent(result: dict) -> None:
+    """Per turn kind: tokens/s and tokens per target decode for every mode; then the workload's totals."""
+    modes = [m for m in (*AGENT_MODES, *AGENT_ANCHORS) if m in result["totals"]]
+    table = Table(title="agent workload: tokens/s, median of repeats (tokens per target decode)")
+    table.add_column("turn kind")
+    for m in modes:
+        table.add_column(m.replace("llama_server_", "server "), justify="right")
+    for kind, by_mode in result["workloads"].items():
+        cross = any(t["cross"] for t in result["turns"] if t["kind"] == kind)
+        row = [kind + (" (cross)" if cross else "")]
+        for m in modes:
+            s = by_mode.get(m)
+            row.append(f"{s['tok_s']:.1f} ({s['tokens_per_decode']:.2f})" if s and s["tok_s"] and s["tokens_per_decode"]
+                       else f"{s['tok_s']:.1f}" if s and s["tok_s"] else "-")
+        table.add_row(*row)
+    r = result["ratios"]
+    for part in ("cross", "all"):
+        table.add_row(f"workload: {'cross-request turns' if part == 'cross' else 'all turns'}",
+                      *[f"{r['tok_s'][m][part]:.1f}" for m in modes])
+    out.print(table)
+    for key in ("adaptive_vs_plain_cross", "adaptive_vs_adaptive_local_cross", "adaptive_vs_plain_all",
+                "adaptive_vs_best_ngram_all"):
+        if key in r:
+            out.print(f"{key}: {r[key]:.2f} (min {r[key + '_min']:.2f}, max {r[key + '_max']:.2f})"
+                      + (f" [{r['best_ngram_anchor']}]" if key.endswith("ngram_all") else ""))

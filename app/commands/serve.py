@@ -107,7 +107,8 @@ def local_server(args: argparse.Namespace, settings: ServeSettings):
     http = None
     try:
         with console.status(f"loading {r.name}…") if console.is_terminal else contextlib.nullcontext():
-            loaded = load(r.plan, r.target, r.draft, args.threads or r.hw.cpu_count, adaptive=settings.speculative)
+            loaded = load(r.plan, r.target, r.draft, args.threads or r.hw.cpu_count, adaptive=settings.speculative,
+                              suffix_tokens=settings.suffix_tokens)
         service = build_service(r.plan, r.target, r.draft, r.name)
         service.machine = machine_facts(r.hw)
         service.digests = {role: m.get("sha256") for role, m in model_record(args, settings)[1].items()}

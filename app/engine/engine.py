@@ -61,6 +61,7 @@ class Request(BaseModel):
     stop_tokens: set[int] = set()
     trace: bool = False  # record the target's argmax and top-2 gap at each emitted token
     logprobs: int | None = Field(None, ge=0, le=MAX_TOP)  # record log-probabilities (and this many alternatives)
+    partition: str = ""  # whose text this is (the API key's name): drafters learn across requests within it
 
 
 @dataclass
@@ -129,7 +130,7 @@ class Engine:
         slot.cached = list(req.prompt)
         slot.request, slot.generated = req, 0
         if self.drafter is not None:
-            self.drafter.begin_request(slot.id)
+            self.drafter.begin_request(slot.id, req.partition)
         slot.record = RequestRecord(prompt_tokens=len(req.prompt), reused_tokens=n)
         if slot.sampler is not None:
             slot.sampler.close()
@@ -231,6 +232,8 @@ class Engine:
     def finish(self, slot: Slot, reason: str) -> RequestRecord:
         assert slot.record is not None
         slot.record.finish_reason = reason
+        if self.drafter is not None:
+            self.drafter.finish_request(slot.id, slot.tokens)
         record, slot.request = slot.record, None
         return record
 

@@ -11,11 +11,14 @@ from app.engine.drafters.adaptive import AdaptiveDrafter
 from app.engine.drafters.base import Drafter
 from app.engine.drafters.lookup import LookupDrafter
 from app.engine.drafters.model import ModelDrafter
+from app.engine.drafters.suffix import SuffixDrafter, SuffixIndex
 from app.engine.engine import Engine
 from app.engine.text import Tokenizer
 from app.gguf.info import ModelInfo
 from app.llama.context import Context, Model
 from app.plan.planner import Plan
+
+SUFFIX_TOKENS = 100_000  # recent requests' tokens the suffix index holds (about 10 MiB)
 
 
 @dataclass
@@ -32,9 +35,11 @@ class Loaded:
                 c.model.close()
 
 
-def load(plan: Plan, target: ModelInfo, draft: ModelInfo | None, threads: int, adaptive: bool = False) -> Loaded:
-    """Target and draft contexts from the plan, and an engine over them. `adaptive`: prompt lookup
-    and the draft model behind the controller, with costs calibrated on this machine now."""
+def load(plan: Plan, target: ModelInfo, draft: ModelInfo | None, threads: int, adaptive: bool = False,
+         suffix_tokens: int = SUFFIX_TOKENS) -> Loaded:
+    """Target and draft contexts from the plan, and an engine over them. `adaptive`: prompt lookup,
+    the suffix index over recent requests (`suffix_tokens`; 0 = none) and the draft model behind the
+    controller, with costs calibrated on this machine now."""
     tm = Model(Path(target.path), plan.target.n_gpu_layers)
     tc = Context(tm, plan.target, threads)
     dc = None
@@ -44,25 +49,30 @@ def load(plan: Plan, target: ModelInfo, draft: ModelInfo | None, threads: int, a
     if adaptive:
         # verify decodes hold up to every slot's last token and drafts: their costs are measured too
         controller = Controller(calibrate(tc, dc, min(64, plan.parallel * (plan.draft_max + 1)) - 1))
-    drafter = build_drafter("adaptive" if adaptive else "draft", dc, controller)
+    drafter = build_drafter("adaptive" if adaptive else "draft", dc, controller, suffix_tokens)
     engine = Engine(tc, drafter, plan.parallel, draft_limit=plan.draft_max, costs=controller)
     return Loaded(engine, Tokenizer(tm, target.vocab.chat_template), tc, dc)
 
 
-DRAFTER_KINDS = ("plain", "draft", "lookup", "adaptive")
+DRAFTER_KINDS = ("plain", "draft", "lookup", "suffix", "adaptive")
 
 
-def build_drafter(kind: str, draft: Context | None, controller: Controller | None = None) -> Drafter | None:
+def build_drafter(kind: str, draft: Context | None, controller: Controller | None = None,
+                  suffix_tokens: int = SUFFIX_TOKENS) -> Drafter | None:
     """The drafter of one kind, as serve, bench and the equivalence check use it: none (plain
-    decoding), the draft model (None without one), prompt lookup, or both behind the controller."""
+    decoding), the draft model (None without one), prompt lookup, the suffix index over recent
+    requests, or all three behind the controller (the suffix index only if `suffix_tokens` > 0)."""
     if kind == "plain":
         return None
     if kind == "draft":
         return ModelDrafter(draft) if draft else None
     if kind == "lookup":
         return LookupDrafter()
+    if kind == "suffix":
+        return SuffixDrafter(SuffixIndex(max(1, suffix_tokens)))
     if kind == "adaptive":
         if controller is None:
             raise ValueError("the adaptive drafter needs a controller")
-        return AdaptiveDrafter(controller, LookupDrafter(), ModelDrafter(draft) if draft else None)
+        suffix = SuffixDrafter(SuffixIndex(suffix_tokens)) if suffix_tokens > 0 else None
+        return AdaptiveDrafter(controller, LookupDrafter(), ModelDrafter(draft) if draft else None, suffix)
     raise ValueError(f"unknown drafter kind {kind!r} (one of {', '.join(DRAFTER_KINDS)})")

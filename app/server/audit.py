@@ -32,6 +32,7 @@ current_usage: contextvars.ContextVar[Usage | None] = contextvars.ContextVar("sp
 @dataclass
 class Usage:
     """What one HTTP request used, summed over the jobs it submitted."""
+    key: str | None = None  # the API key's name (set by the key gate)
     prompt_tokens: int = 0
     cached_tokens: int = 0
     completion_tokens: int = 0

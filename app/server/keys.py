@@ -246,6 +246,8 @@ class KeyGate:
                 429, f"key {key.name!r} is over its limit; retry in {seconds} s", "rate_limit_error",
                 code="rate_limit_exceeded", headers={"Retry-After": str(seconds)}))
         usage = current_usage.get()
-        if usage is not None and key.generated_tokens_per_minute is not None:
-            usage.on_generated = lambda n, name=key.name: self.windows.charge(name, n)
+        if usage is not None:
+            usage.key = key.name
+            if key.generated_tokens_per_minute is not None:
+                usage.on_generated = lambda n, name=key.name: self.windows.charge(name, n)
         return await self.app(scope, receive, send)

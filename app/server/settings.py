@@ -37,6 +37,8 @@ class ServeSettings(BaseSettings):
     strict_model: bool = Field(False, description="answer 404 to requests naming another model (default: serve them with this one)")
     model_aliases: list[str] = Field(default_factory=list, description="another name the served model answers to",
                                      json_schema_extra={"flag": "--alias"})
+    suffix_tokens: int = Field(100_000, ge=0, le=10_000_000,
+                               description="recent requests' tokens the suffix drafter indexes (about 100 bytes each; 0: off)")
     slots_endpoint: bool = Field(False, description="serve llama-server's GET /slots (per-slot state)",
                                  json_schema_extra={"flag": "--slots"})
 
@@ -53,7 +55,7 @@ class ServeSettings(BaseSettings):
 
     # the fields `serve`, `up` and `doctor` take as flags (the API key never is one)
     FLAGS: typing.ClassVar[tuple[str, ...]] = ("host", "port", "max_queue", "cors_origins", "speculative", "log_prompts",
-                                               "draft_max", "strict_model", "model_aliases", "slots_endpoint",
+                                               "draft_max", "strict_model", "model_aliases", "slots_endpoint", "suffix_tokens",
                                                "tls_cert", "tls_key", "allow_from", "trusted_proxies",
                                                "access_log", "access_log_max_mb", "access_log_files")
 

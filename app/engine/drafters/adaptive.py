@@ -11,25 +11,36 @@ from app.engine.controller import Candidate, Choice, Controller
 from app.engine.drafters.base import Ask, Draft, DrafterBase
 from app.engine.drafters.lookup import LOOKUP_PRIORS, LookupDrafter, lookup_key
 from app.engine.drafters.model import ModelDrafter
+from app.engine.drafters.suffix import SUFFIX_PRIORS, Match, SuffixDrafter, suffix_key
 from app.engine.sampling import SamplingParams
 
 
 class AdaptiveDrafter(DrafterBase):
-    """Prompt lookup first (free), else the draft model; each only with the draft length the
-    controller expects to beat plain decoding on this machine (often none)."""
+    """Text found earlier first (free): prompt lookup in the request, or the suffix index over
+    recent requests where it matches deeper; else the draft model; each only with the draft length
+    the controller expects to beat plain decoding on this machine (often none)."""
 
     name = "adaptive"
     LOOKUP_COST = 2e-5  # seconds per proposed token: a dictionary lookup
 
-    def __init__(self, controller: Controller, lookup: LookupDrafter | None, model: ModelDrafter | None) -> None:
+    def __init__(self, controller: Controller, lookup: LookupDrafter | None, model: ModelDrafter | None,
+                 suffix: SuffixDrafter | None = None) -> None:
         self.controller = controller
         self.lookup = lookup
         self.model = model
+        self.suffix = suffix
         controller.priors.update(LOOKUP_PRIORS)
+        controller.priors.update(SUFFIX_PRIORS)
 
-    def begin_request(self, seq: int) -> None:
+    def begin_request(self, seq: int, partition: str = "") -> None:
         """A new request on this sequence: its own acceptance estimates start again."""
         self.controller.new_request(seq)
+        if self.suffix is not None:
+            self.suffix.begin_request(seq, partition)
+
+    def finish_request(self, seq: int, history: Sequence[int]) -> None:
+        if self.suffix is not None:
+            self.suffix.finish_request(seq, history)
 
     def propose(self, seq: int, history: Sequence[int], k: int, sampling: SamplingParams | None = None,
                 rng: np.random.Generator | None = None) -> Draft:
@@ -40,9 +51,8 @@ class AdaptiveDrafter(DrafterBase):
         """Drafts for every sequence of one step, their lengths chosen together (they share one
         verify decode): lookup where it has a match, the draft model where it has none or where
         lookup's draft would not be taken."""
-        found = [self.lookup.lookup(a.seq, a.history, a.k) if self.lookup is not None and a.k > 0 else ([], 0)
-                 for a in asks]
-        cands = [self._candidate(a, tokens, n) for a, (tokens, n) in zip(asks, found)]
+        found = [self._found(a) for a in asks]
+        cands = [self._candidate(a, m) for a, m in zip(asks, found)]
         choices = self.controller.plan(cands)
         if self.model is not None:  # where lookup got nothing, would the draft model be taken instead?
             alt = [Candidate(None, "draft-model", a.k, self._model_cost()) if c.key != "draft-model" and ch.k == 0 and a.k > 0
@@ -52,23 +62,38 @@ class AdaptiveDrafter(DrafterBase):
                 if max(ch.gain for ch in alt_choices) > max(ch.gain for ch in choices):
                     cands, choices = alt, alt_choices
         choices = self.controller.probe_idle(cands, choices)
-        return [self._draft(a, x, ch, tokens, n) for a, x, ch, (tokens, n) in zip(asks, cands, choices, found)]
+        return [self._draft(a, x, ch, m) for a, x, ch, m in zip(asks, cands, choices, found)]
+
+    def _found(self, a: Ask) -> tuple[str, Match]:
+        """Text that may come next: the suffix index's continuation where it matched deeper than
+        prompt lookup's, else lookup's (the suffix index is kept in step with every history, drafting
+        or not)."""
+        deep = self.suffix.match(a.seq, a.history, a.k) if self.suffix is not None else Match([])
+        if self.lookup is None or a.k <= 0:
+            return ("suffix", deep) if deep.tokens else ("none", Match([]))
+        tokens, n = self.lookup.lookup(a.seq, a.history, a.k)
+        if deep.tokens and (not tokens or deep.depth > n):
+            return "suffix", deep
+        return ("lookup", Match(tokens, n)) if tokens else ("none", Match([]))
 
     def _model_cost(self) -> float:
         return self.controller.costs.draft or self.controller.costs.c_verify(1)
 
-    def _candidate(self, a: Ask, tokens: list[int], n: int) -> Candidate:
-        if tokens:
-            return Candidate(a.seq, lookup_key(n), len(tokens), self.LOOKUP_COST)
+    def _candidate(self, a: Ask, found: tuple[str, Match]) -> Candidate:
+        source, m = found
+        if m.tokens:
+            key = suffix_key(m.depth, m.count) if source == "suffix" else lookup_key(m.depth)
+            return Candidate(a.seq, key, len(m.tokens), self.LOOKUP_COST)
         if self.model is not None:
             return Candidate(None, "draft-model", a.k, self._model_cost())
         return Candidate(a.seq, "none", 0, 0.0)
 
-    def _draft(self, a: Ask, x: Candidate, choice: Choice, tokens: list[int], n: int) -> Draft:
+    def _draft(self, a: Ask, x: Candidate, choice: Choice, found: tuple[str, Match]) -> Draft:
         if choice.k <= 0 or x.key == "none":
             return Draft([], source="none", choice=choice)
         if x.key != "draft-model":
-            return Draft(tokens[: choice.k], None, source="lookup", match_len=n, choice=choice)
+            source, m = found
+            return Draft(m.tokens[: choice.k], None, source=source, match_len=m.depth, support=m.count, choice=choice)
         t = time.perf_counter()
         d = self.model.propose(a.seq, a.history, choice.k, a.sampling, a.rng)
         if d.tokens and self.controller.learn_costs:
@@ -79,6 +104,8 @@ class AdaptiveDrafter(DrafterBase):
     def accepted(self, seq: int, draft: Draft, n_accepted: int) -> None:
         if draft.source == "lookup":
             self.controller.observe(lookup_key(draft.match_len), len(draft.tokens), n_accepted, seq)
+        elif draft.source == "suffix":
+            self.controller.observe(suffix_key(draft.match_len, draft.support), len(draft.tokens), n_accepted, seq)
         else:
             self.controller.observe(draft.source, len(draft.tokens), n_accepted)
 
@@ -87,6 +114,6 @@ class AdaptiveDrafter(DrafterBase):
             self.model.share_prefix(src, dst, prefix)
 
     def release(self, seq: int) -> None:
-        for d in (self.lookup, self.model):
+        for d in (self.lookup, self.model, self.suffix):
             if d is not None:
                 d.release(seq)

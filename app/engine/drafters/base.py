@@ -18,7 +18,8 @@ class Draft:
     tokens: list[int]
     q: list[np.ndarray] | None = None  # the distributions the tokens were drawn from (rejection sampling)
     source: str = ""  # which drafter proposed them
-    match_len: int = 0  # prompt lookup: the n-gram length that matched
+    match_len: int = 0  # prompt lookup: the n-gram length that matched; suffix: the match depth
+    support: int = 0  # suffix: the earlier occurrences behind the first token
     choice: Choice | None = None  # the controller's decision, when one decided
     seconds: float | None = None  # the time proposing it took, when it was proposed alone
 
@@ -39,8 +40,14 @@ class Drafter(Protocol):
 
     name: str
 
-    def begin_request(self, seq: int) -> None:
-        """A new request starts on this sequence (drafters that keep estimates per request reset them)."""
+    def begin_request(self, seq: int, partition: str = "") -> None:
+        """A new request starts on this sequence (drafters that keep estimates per request reset
+        them). `partition` names whose text it is (the API key): drafters that learn from earlier
+        requests draw only on the same partition's."""
+        ...
+
+    def finish_request(self, seq: int, history: Sequence[int]) -> None:
+        """The sequence's request ended with this history (prompt and everything generated)."""
         ...
 
     def propose(self, seq: int, history: Sequence[int], k: int, sampling: SamplingParams | None,
@@ -73,7 +80,10 @@ class DrafterBase:
 
     name = "drafter"
 
-    def begin_request(self, seq: int) -> None:
+    def begin_request(self, seq: int, partition: str = "") -> None:
+        pass
+
+    def finish_request(self, seq: int, history: Sequence[int]) -> None:
         pass
 
     def propose(self, seq: int, history: Sequence[int], k: int, sampling: SamplingParams | None = None,

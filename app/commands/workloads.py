@@ -1,0 +1,71 @@
+"""Benchmark workloads made of real code: the agent workload replays two coding sessions
+interleaved, as an agent sends them, built from specdeck's own modules.
+
+Each turn is a request of its own. Some answers overlap the request's own prompt (an edit of the
+file it carries); the `cross` turns' answers overlap an *earlier request's* answer instead:
+
+- a module regenerated in a fresh conversation (the context was trimmed, the same task sent again);
+- a second sub-agent writing tests for a function like the first sub-agent's;
+- a tool call of the same shape as an earlier one, for another file.
+
+The turns run in this order in every mode, each mode starting from an empty suffix index, so the
+index holds exactly what the earlier turns of the same run put there, as in real use.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import app
+
+SOURCE = Path(app.__file__).resolve().parent
+SYSTEM = ("You are a coding agent working in the specdeck repository (Python 3.11). Answer with code only, "
+          "no explanations.")
+TOOLS = ('Tools: read_file(path), write_file(path, content), run_tests(path). To call one, answer with one JSON '
+         'object and nothing else: {"tool": NAME, "arguments": {...}}.')
+
+
+def function_source(module: str, name: str) -> str:
+    """The source of one top-level function (or class) of an app module, as it is in the package."""
+    path = SOURCE / module
+    text = path.read_text(encoding="utf-8")
+    for node in ast.parse(text).body:
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and node.name == name:
+            return ast.get_source_segment(text, node) or ""
+    raise KeyError(f"{module} has no {name}")
+
+
+def _chat(*user: str, system: str = SYSTEM) -> list[dict]:
+    return [{"role": "system", "content": system}, {"role": "user", "content": "\n\n".join(user)}]
+
+
+def agent_turns() -> list[dict]:
+    """The agent workload: two sessions, interleaved, each turn {"kind", "session", "turn", "cross",
+    "messages"}. `kind` is agent-<what the turn is>; `cross` marks the turns whose answer overlaps an
+    earlier request's answer rather than the turn's own prompt."""
+    code_a = function_source("server/keys.py", "parse_keys") + "\n\n\n" + function_source("server/keys.py", "_no_repeats")
+    edit = "Add type hints to every argument and a one-line docstring to every function. Answer with the complete code."
+    test_a = function_source("server/keys.py", "bearer")
+    test_b = function_source("server/access.py", "client_address")
+    tests = "Write pytest tests for this function, in one file, with the imports it needs."
+    a = [
+        ("edit", False, _chat(f"File app/server/keys.py, the functions to change:\n```python\n{code_a}\n```", edit)),
+        ("tool-call", False, _chat(TOOLS, "Read the file app/server/keys.py.", system=SYSTEM)),
+        # the context was trimmed: the same task again in a fresh conversation, worded as the agent's retry
+        ("regenerate", True, _chat("Retry of the last task.", f"File app/server/keys.py:\n```python\n{code_a}\n```", edit)),
+    ]
+    b = [
+        ("tests", False, _chat(f"Module app/server/keys.py:\n```python\n{test_a}\n```", tests)),
+        # a second sub-agent: the same kind of task for a function like the first one
+        ("tests-like", True, _chat(f"Module app/server/access.py:\n```python\n{test_b}\n```", tests)),
+        ("tool-call-again", True, _chat(TOOLS, "Read the file app/server/access.py.", system=SYSTEM)),
+    ]
+    turns = []
+    for i in range(max(len(a), len(b))):  # two sessions interleaved, as two agents share one server
+        for session, items in (("A", a), ("B", b)):
+            if i < len(items):
+                what, cross, messages = items[i]
+                turns.append({"kind": f"agent-{what}", "session": session, "turn": i + 1, "cross": cross,
+                              "messages": messages})
+    return turns

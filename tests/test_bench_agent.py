@@ -1,0 +1,56 @@
+"""The agent workload as `specdeck bench --workload agent` runs it: built from specdeck's own
+modules, two sessions interleaved, and measured honestly: every mode starts from an empty suffix
+index, which the turns then fill in session order (a cross-request turn drafts from the earlier
+turn's answer); the built-in prompts clear the index before every run."""
+
+from __future__ import annotations
+
+import re
+
+from app.commands.bench import AGENT_MODES, agent_ratios, run_agent, run_engine
+from app.commands.workloads import agent_turns, function_source
+from app.engine.loader import load
+from app.gguf.info import read_model_info
+from app.plan.hardware import detect
+from app.plan.planner import PlanRequest, make_plan
+
+
+def test_the_agent_workload_is_real_code_in_session_order():
+    turns = agent_turns()
+    assert [t["session"] + str(t["turn"]) for t in turns] == ["A1", "B1", "A2", "B2", "A3", "B3"]
+    assert {t["kind"] for t in turns if t["cross"]} == {"agent-regenerate", "agent-tests-like", "agent-tool-call-again"}
+    text = "\n".join(m["content"] for t in turns for m in t["messages"])
+    assert function_source("server/keys.py", "parse_keys") in text and "def client_address(" in text
+
+
+def _loaded(tiny):
+    t, d = read_model_info(tiny.target), read_model_info(tiny.draft)
+    plan = make_plan(t, d, PlanRequest(ctx=1024, ctx_is_user_choice=True, parallel=1, draft_max=8), detect(), 1024)
+    return load(plan, t, d, 1)
+
+
+def test_each_mode_starts_from_an_empty_index_that_the_turns_fill(tiny):
+    turns = [{"kind": "agent-first", "session": "A", "turn": 1, "cross": False, "prompt": "a b c d e"},
+             {"kind": "agent-again", "session": "B", "turn": 1, "cross": True, "prompt": "a b c d e"}]
+    lines: list[str] = []
+    loaded = _loaded(tiny)
+    try:
+        summary, _, _, totals = run_agent(loaded, turns, 24, 2, log=lines.append)
+        builtin, _, _ = run_engine(loaded, [{"kind": "p", "prompt": "a b c d e"}], 24, 2, modes=("suffix",),
+                                   log=lines.append)
+    finally:
+        loaded.close()
+    held = [(m.group(1), int(m.group(2))) for line in lines
+            if (m := re.search(r"agent-(\w+) .*index held (\d+) requests", line))]
+    # every mode with an index: the first turn finds it empty, the second finds the first turn's request
+    assert held and all(n == 0 for kind, n in held if kind == "first") and all(n == 1 for kind, n in held if kind == "again")
+    assert len(held) == 2 * 2 * 2  # two turns, two repeats, two modes with an index (adaptive, suffix)
+    assert set(totals) == set(AGENT_MODES) and all(len(totals[m]["cross"]) == 2 for m in AGENT_MODES)
+    again = summary["agent-again"]
+    assert again["suffix"]["tokens_per_decode"] > 3 and again["plain"]["tokens_per_decode"] < 1.1  # the first answer, copied
+    assert again["adaptive-local"]["tokens_per_decode"] < again["suffix"]["tokens_per_decode"]  # no index: no such copy
+    ratios = agent_ratios(totals)
+    assert ratios["adaptive_vs_plain_cross"] > 0 and "adaptive_vs_adaptive_local_cross_min" in ratios
+    # the built-in prompts clear the index before every run: the second repeat drafts as the first did
+    first, second = builtin["p"]["suffix"]["tokens_per_decode_all"]
+    assert first == second < again["suffix"]["tokens_per_decode"]
