@@ -122,8 +122,8 @@ def test_hybrid_plan_reserves_rollback_snapshots(infos):
 
 def test_never_a_plan_that_overflows(infos):
     """Over many budgets and contexts, a returned plan always fits; otherwise it is a clear error."""
-    for vram_gib in (12, 16, 18, 20, 22, 24, 32, 48):
-        for ctx in (4096, 32768, 65536, 110_000, 131_072):
+    for vram_gib in (12, 18, 24, 48):  # a tight, a short, the target and a roomy card
+        for ctx in (4096, 65536, 110_000, 131_072):
             for t, d in PAIRS:
                 req = PlanRequest(vram=vram_gib * GiB, ctx=ctx, ctx_is_user_choice=True)
                 try:

@@ -265,8 +265,10 @@ def test_step_overhead_script_measures_both_drafters():
     from pathlib import Path
 
     root = Path(__file__).resolve().parent.parent
-    r = subprocess.run([sys.executable, str(root / "scripts" / "step_overhead.py"), "--context", "512", "--steps", "8"],
-                       capture_output=True, text=True, timeout=300, cwd=root)
+    r = subprocess.run([sys.executable, str(root / "scripts" / "step_overhead.py"), "--context", "512", "--steps", "8",
+                        "--indexed", "4000"], capture_output=True, text=True, timeout=300, cwd=root)
     assert r.returncode == 0, r.stderr[-2000:]
     rows = [line.split() for line in r.stdout.splitlines() if line.startswith(("draft model", "adaptive"))]
-    assert len(rows) == 4 and all(float(row[-1]) > 0 for row in rows)
+    assert len(rows) == 6 and all(float(row[-1]) > 0 for row in rows), r.stdout
+    assert "a 4,000-token prompt indexed in" in r.stdout and "bytes a token" in r.stdout
+    assert "(adaptive+suffix: 4,000 tokens of other requests indexed)" in r.stdout

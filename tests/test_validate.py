@@ -17,7 +17,7 @@ import pytest
 from conftest import ROOT, run_cli
 from support.live import free_port
 
-SHORT = ["--decode-tokens", "16", "--repeats", "1", "--context-margin", "128", "--json"]
+SHORT = ["--decode-tokens", "16", "--repeats", "1", "--context-margin", "256", "--json"]
 
 
 
