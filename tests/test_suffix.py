@@ -255,3 +255,17 @@ def test_the_server_partitions_by_the_key_name():
         assert request_partition() == "alice"
     finally:
         current_usage.reset(token)
+
+
+def test_a_request_that_keeps_out_of_the_index(tiny):
+    """partition None (the API's `speculative.cross_request: false`): it neither drafts from
+    earlier requests nor joins them."""
+    r = rig(tiny.target, None)
+    drafter = SuffixDrafter(SuffixIndex())
+    r.engine.drafter = drafter
+    first, _ = run(r.engine, Request(prompt=PROMPT, max_tokens=40, speculative=SpecParams(n_max=8)))
+    held = drafter.index.holds()
+    out, steps = run(r.engine, Request(prompt=PROMPT, max_tokens=40, speculative=SpecParams(n_max=8), partition=None))
+    assert out == first and sum(s.drafted for s in steps) == 0 and drafter.index.holds() == held
+    _, steps = run(r.engine, Request(prompt=PROMPT, max_tokens=40, speculative=SpecParams(n_max=8)))
+    assert sum(s.accepted for s in steps) >= 30  # the next ordinary request copies the first again

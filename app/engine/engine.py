@@ -61,7 +61,9 @@ class Request(BaseModel):
     stop_tokens: set[int] = set()
     trace: bool = False  # record the target's argmax and top-2 gap at each emitted token
     logprobs: int | None = Field(None, ge=0, le=MAX_TOP)  # record log-probabilities (and this many alternatives)
-    partition: str = ""  # whose text this is (the API key's name): drafters learn across requests within it
+    # whose text this is (the API key's name): drafters learn across requests within it; None: this
+    # request neither drafts from earlier requests nor joins them
+    partition: str | None = ""
 
 
 @dataclass

@@ -158,9 +158,12 @@ class Client:
 
 
 def completion(client: Client, prompt: str, n: int, speculative: bool = True, **more) -> dict:
-    """llama-server's /completion, greedy, exactly `n` tokens unless `ignore_eos` is turned off."""
+    """llama-server's /completion, greedy, exactly `n` tokens unless `ignore_eos` is turned off;
+    drafting only from the request's own text (`cross_request` off): validate sends the same
+    prompts again and again, and a draft copied from the last run of the very prompt measured
+    would make every speed figure a copy's."""
     body = {"prompt": prompt, "n_predict": n, "temperature": 0.0, "ignore_eos": True, "return_tokens": True,
-            "speculative": {"enabled": speculative}, **more}
+            "speculative": {"enabled": speculative, "cross_request": False}, **more}
     return client.post("/completion", body)
 
 
@@ -260,12 +263,17 @@ def check_health(client: Client, opts: Options, facts: dict) -> Check:
 
 
 def check_smoke(client: Client, opts: Options, facts: dict) -> Check:
+    """The API's own path: the whole answer and the streamed one, equal token for token. Neither
+    drafts from earlier requests: the second would copy the first's answer (the suffix index) in
+    long verify batches, which may flip a near-tie that the first's decodes did not; whether
+    drafting changes the output is the greedy-equivalence check's question, which tells near-ties
+    apart."""
     prompt = "Write a Python function that returns the largest of three numbers.\n"
     whole = completion(client, prompt, 32, ignore_eos=False)
     text, tokens = whole.get("content", ""), whole.get("tokens") or []
     streamed_text, streamed_tokens = "", []
     for _, event in client.stream("/completion", {"prompt": prompt, "n_predict": 32, "temperature": 0.0,
-                                                  "return_tokens": True}):
+                                                  "return_tokens": True, "speculative": {"cross_request": False}}):
         streamed_text += event.get("content", "")
         if not event.get("stop"):
             streamed_tokens += event.get("tokens") or []

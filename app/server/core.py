@@ -139,7 +139,7 @@ def engine_request(body: Sampling, ids: list[int], service: Service, settings: S
                                 grammar=grammar),
         speculative=SpecParams(enabled=enabled and n_max > 0, n_max=min(n_max, limit)),
         stop_tokens=set() if body.ignore_eos else service.tokenizer.stop_tokens,
-        partition=request_partition(),
+        partition=request_partition() if spec is None or spec.cross_request else None,
     )
 
 

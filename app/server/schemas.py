@@ -41,6 +41,9 @@ class StrictBody(BaseModel):
 class SpeculativeOptions(StrictBody):
     enabled: bool = True
     n_max: int | None = Field(None, ge=0, le=64)
+    # false: draft only from this request's own text, not from earlier requests (the suffix index);
+    # a benchmark that resends one prompt needs it, or it measures a copy of its own last answer
+    cross_request: bool = True
 
 
 class StreamOptions(StrictBody):

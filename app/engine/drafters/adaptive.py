@@ -32,7 +32,7 @@ class AdaptiveDrafter(DrafterBase):
         controller.priors.update(LOOKUP_PRIORS)
         controller.priors.update(SUFFIX_PRIORS)
 
-    def begin_request(self, seq: int, partition: str = "") -> None:
+    def begin_request(self, seq: int, partition: str | None = "") -> None:
         """A new request on this sequence: its own acceptance estimates start again."""
         self.controller.new_request(seq)
         if self.suffix is not None:

@@ -40,10 +40,10 @@ class Drafter(Protocol):
 
     name: str
 
-    def begin_request(self, seq: int, partition: str = "") -> None:
+    def begin_request(self, seq: int, partition: str | None = "") -> None:
         """A new request starts on this sequence (drafters that keep estimates per request reset
         them). `partition` names whose text it is (the API key): drafters that learn from earlier
-        requests draw only on the same partition's."""
+        requests draw only on the same partition's; None: the request neither draws on nor joins them."""
         ...
 
     def finish_request(self, seq: int, history: Sequence[int]) -> None:
@@ -80,7 +80,7 @@ class DrafterBase:
 
     name = "drafter"
 
-    def begin_request(self, seq: int, partition: str = "") -> None:
+    def begin_request(self, seq: int, partition: str | None = "") -> None:
         pass
 
     def finish_request(self, seq: int, history: Sequence[int]) -> None:

@@ -246,9 +246,15 @@ class SuffixDrafter(DrafterBase):
     def __init__(self, index: SuffixIndex | None = None) -> None:
         self.index = index if index is not None else SuffixIndex()
         self._seq: dict[int, tuple[str, Doc | None]] = {}
+        self._private: set[int] = set()  # sequences whose request keeps out of the index
 
-    def begin_request(self, seq: int, partition: str = "") -> None:
-        self._seq[seq] = (partition, None)
+    def begin_request(self, seq: int, partition: str | None = "") -> None:
+        if partition is None:  # the request keeps out of the index: it neither reads nor joins it
+            self._seq.pop(seq, None)
+            self._private.add(seq)
+        else:
+            self._private.discard(seq)
+            self._seq[seq] = (partition, None)
 
     def sync(self, seq: int, history: Sequence[int]) -> tuple[str, Doc]:
         """The sequence's document, extended with what its history gained since the last call."""
@@ -261,6 +267,8 @@ class SuffixDrafter(DrafterBase):
         return partition, doc
 
     def match(self, seq: int, history: Sequence[int], k: int) -> Match:
+        if seq in self._private:
+            return Match([])
         partition, _ = self.sync(seq, history)
         return self.index.propose(partition, history, k)
 
@@ -270,8 +278,9 @@ class SuffixDrafter(DrafterBase):
         return Draft(m.tokens, None, source=self.name, match_len=m.depth, support=m.count)
 
     def finish_request(self, seq: int, history: Sequence[int]) -> None:
-        if seq in self._seq:
+        if seq in self._seq and seq not in self._private:
             self.sync(seq, history)
 
     def release(self, seq: int) -> None:
         self._seq.pop(seq, None)  # the document stays in the index: it is a recent request now
+        self._private.discard(seq)
