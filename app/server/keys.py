@@ -179,6 +179,8 @@ class Windows:
 
     def admit(self, key: ApiKey, now: float | None = None) -> float | None:
         """None if `key` may make a request now (counted), else the seconds until it may."""
+        if key.requests_per_minute is None and key.generated_tokens_per_minute is None:
+            return None  # nothing to count for a key without limits
         now = time.monotonic() if now is None else now
         with self.lock:
             requests, tokens = self.requests[key.name], self.tokens[key.name]
