@@ -38,7 +38,7 @@ class ServeSettings(BaseSettings):
     model_aliases: list[str] = Field(default_factory=list, description="another name the served model answers to",
                                      json_schema_extra={"flag": "--alias"})
     suffix_tokens: int = Field(100_000, ge=0, le=10_000_000,
-                               description="recent requests' tokens the suffix drafter indexes (about 100 bytes each; 0: off)")
+                               description="recent requests' tokens the suffix drafter indexes (about 125 bytes each; 0: off)")
     slots_endpoint: bool = Field(False, description="serve llama-server's GET /slots (per-slot state)",
                                  json_schema_extra={"flag": "--slots"})
 
