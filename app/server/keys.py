@@ -159,10 +159,6 @@ class KeyStore:
             line = f"keys not reloaded, still serving {len(self.ring.keys)}: {e.message}"
             log.error("specdeck: %s", line)
             return line
-        if self.ring and not ring:
-            line = "keys not reloaded: the new set is empty (the server would be open)"
-            log.error("specdeck: %s", line)
-            return line
         self.ring = ring
         line = f"keys reloaded from {self.path}: {', '.join(ring.names()) or 'none'}"
         log.warning("specdeck: %s", line)

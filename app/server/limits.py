@@ -10,18 +10,9 @@ broken pipe) and never see the status.
 
 from __future__ import annotations
 
-from app.server.errors import ApiError, error_bytes
+from app.server.errors import ApiError, send_error
 
 DRAIN_FACTOR = 8  # past this many times the cap, the connection is closed without reading further
-
-
-def _too_large(path: str, limit: int) -> tuple[dict, bytes]:
-    body = error_bytes(path, ApiError(413, f"request body is larger than this server's limit of {limit:,} bytes",
-                                      code="request_too_large"))
-    start = {"type": "http.response.start", "status": 413,
-             "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                         (b"connection", b"close")]}
-    return start, body
 
 
 class BodyLimit:
@@ -68,6 +59,6 @@ class BodyLimit:
                 return  # the client went away
             read += len(message.get("body", b""))
             more = message.get("more_body", False)
-        start, body = _too_large(scope.get("path", ""), self.max_bytes)
-        await send(start)
-        await send({"type": "http.response.body", "body": body})
+        await send_error(send, scope.get("path", ""), ApiError(
+            413, f"request body is larger than this server's limit of {self.max_bytes:,} bytes",
+            code="request_too_large", headers={"Connection": "close"}))

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from app.engine import kv
 from app.engine.drafters.base import Draft, DrafterBase
 from app.engine.sampling import SamplingParams
 
@@ -101,7 +102,7 @@ class SuffixIndex:
         recent = [d for d in reversed(self.docs.values()) if d.partition == partition and d.cut == 0]
         for old in recent[RECENT_DOCS - 1:]:  # past the recent ones: keep only the indexed text
             self._cut_head(old)
-        doc.start = max((_common_prefix(d.text, prompt) for d in recent[:RECENT_DOCS - 1]), default=0)
+        doc.start = max((kv.common_prefix(d.text, prompt) for d in recent[:RECENT_DOCS - 1]), default=0)
         doc.text.extend(prompt[: doc.start])
         self.docs[doc.id] = doc
         self.extend(doc, prompt[doc.start:])
@@ -212,17 +213,6 @@ def _walk(cands: list[tuple[int, list[int]]], k: int) -> Match:
             count, depth = n, max(d for d, _ in cands)
         out.append(token)
     return Match(out, depth, count)
-
-
-def _common_prefix(a: array, b: Sequence[int]) -> int:
-    """The common prefix of a document's text and a prompt, at numpy's speed (prompts of 100K tokens)."""
-    m = min(len(a), len(b))
-    if m == 0:
-        return 0
-    x = np.frombuffer(a, dtype=np.int32, count=m)
-    y = np.asarray(b[:m], dtype=np.int32)
-    diff = np.flatnonzero(x != y)
-    return int(diff[0]) if diff.size else m
 
 
 def suffix_key(depth: int, count: int) -> str:
