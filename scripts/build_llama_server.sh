@@ -18,7 +18,14 @@ if [ ! -d "$CACHE/src/CMakeLists.txt" ] && [ ! -f "$CACHE/src/CMakeLists.txt" ];
   mv "$tmp/llama_cpp_python-$VERSION/vendor/llama.cpp" "$CACHE/src"
   rm -rf "$tmp"
 fi
+# A CPU that advertises AMX may not run it (a VM): the native build then dies with SIGILL at the
+# first decode, as llama-cpp-python's does (install.sh builds it the same way).
+flags=()
+if grep -qw amx_tile /proc/cpuinfo 2>/dev/null; then
+  nox="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+  flags=(-DCMAKE_C_FLAGS="$nox" -DCMAKE_CXX_FLAGS="$nox")
+fi
 cmake -S "$CACHE/src" -B "$CACHE/build" -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \
-  -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_TOOLS=ON >/dev/null
+  "${flags[@]}" -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_TOOLS=ON >/dev/null
 cmake --build "$CACHE/build" --target llama-server -j "$(nproc)" >/dev/null
 echo "$BIN"

@@ -115,6 +115,24 @@ def test_controller_drafts_long_where_verify_is_cheap():
     assert "a=" in choice.reason
 
 
+def test_a_draft_model_that_must_first_catch_up_is_charged_for_it():
+    """A draft model that would pay from the next token on (GPU-like costs, good acceptance) is not
+    started where it would first evaluate a 500-token prompt at CPU prefill speed, nor probed there;
+    once in step with the history it drafts again."""
+    costs = gpu_like_costs()
+    costs.draft_prefill = 0.011  # the 0.5B's prefill per token on a 2-core CPU
+    c = Controller(costs)
+    for _ in range(20):
+        c.observe("draft-model", 8, 7)
+    far = Candidate(None, "draft-model", 16, 0.0015, setup=costs.catch_up(500))
+    assert costs.catch_up(500) == pytest.approx(5.5) and costs.catch_up(0) == 0.0
+    assert all(c.allocate([far])[0].k == 0 for _ in range(100))  # never started, never probed
+    near = Candidate(None, "draft-model", 16, 0.0015, setup=costs.catch_up(2))
+    assert c.allocate([near])[0].k >= 6
+    unmeasured = CostModel(verify={1: 0.025}, draft=0.0015)
+    assert unmeasured.catch_up(10) == pytest.approx(0.015)  # one draft decode a token
+
+
 def test_controller_uses_lookup_when_it_is_reliable_and_stops_when_not():
     c = Controller(cpu_costs())
     for _ in range(30):

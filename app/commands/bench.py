@@ -121,13 +121,15 @@ def _calibrated(loaded: Loaded, log) -> Controller:
     costs = calibrate(loaded.target, loaded.draft, ADAPTIVE_N_MAX)
     log(f"calibrated in {time.perf_counter() - t:.1f} s: c_verify(n) ms "
         + " ".join(f"{n}: {costs.verify[n] * 1e3:.1f}" for n in sorted(costs.verify))
-        + (f"; c_draft {costs.draft * 1e3:.1f} ms" if costs.draft else ""))
+        + (f"; c_draft {costs.draft * 1e3:.1f} ms" if costs.draft else "")
+        + (f", draft prefill {costs.draft_prefill * 1e3:.2f} ms/token" if costs.draft_prefill else ""))
     return Controller(costs)
 
 
 def _costs_json(controller: Controller) -> dict:
     costs = controller.costs
-    return {"c_verify_ms": {n: v * 1e3 for n, v in costs.verify.items()}, "c_draft_ms": (costs.draft or 0) * 1e3}
+    return {"c_verify_ms": {n: v * 1e3 for n, v in costs.verify.items()}, "c_draft_ms": (costs.draft or 0) * 1e3,
+            "draft_prefill_ms_per_token": (costs.draft_prefill or 0) * 1e3}
 
 
 def run_engine(loaded: Loaded, prompts: list[dict], max_tokens: int, repeats: int, modes=MODES, log=print,

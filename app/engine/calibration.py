@@ -53,8 +53,14 @@ def calibrate(target: Context, draft: Context | None, k_max: int, reps: int = 3,
     draft tokens, after a short prefix, on a scratch sequence that is cleared afterwards."""
     prefix = min(64, target.n_ctx // 4)
     k_max = min(k_max, target.n_ctx - prefix - 2)
-    for ctx in [target] + ([draft] if draft else []):
-        _prefix(ctx, seq, prefix)
+    _prefix(target, seq, prefix)
+    prefill = None
+    if draft is not None:  # the draft's prefill rate (warm): what catching up with a prompt costs it
+        _prefix(draft, seq, prefix)
+        t = time.perf_counter()
+        _prefix(draft, seq, prefix)
+        draft.synchronize()
+        prefill = (time.perf_counter() - t) / prefix
     sizes = calibration_sizes(k_max)
     times: dict[int, list[float]] = {n: [] for n in sizes}
     for _ in range(reps):  # every size once per round: a machine that speeds up or slows down meanwhile
@@ -63,6 +69,7 @@ def calibrate(target: Context, draft: Context | None, k_max: int, reps: int = 3,
     costs = CostModel({n: statistics.median(t) for n, t in times.items()})
     if draft is not None:
         costs.draft = statistics.median(_time_decode(draft, seq, prefix, 1, prefix) for _ in range(reps * 2))
+        costs.draft_prefill = prefill
     for ctx in [target] + ([draft] if draft else []):
         ctx.seq_rm(seq, 0, -1)
     return costs

@@ -2,6 +2,7 @@
 
     E[tokens | k, a] = (1 - a^(k+1)) / (1 - a)        tokens per step with k drafts, acceptance a
     cost(k)          = k * c_draft + c_verify(k + 1)   seconds per step (c_draft = 0 for lookup)
+                       + setup / SETUP_STEPS             where the draft model must first catch up
     choose k in 0..k_max maximising E / cost; k = 0 is plain decoding (1 token per c_verify(1)).
 
 Slots that share one verify decode share its cost: B sequences with k_1..k_B drafts give
@@ -33,6 +34,10 @@ TRUST_GROWTH = 4
 # picked at their best, and a draft that misses costs its whole verify (on a CPU, where a 3-token verify
 # costs ~2.6 single decodes, a 2-token draft kept whole only breaks even)
 MIN_GAIN = 1.03
+# a drafter that must first catch up with the sequence (the draft model evaluating a prompt it has
+# not seen: 5.5 s for 500 tokens of the 0.5B on a 2-core CPU) pays that once, then drafts for the
+# steps that follow: a step counts this share of it
+SETUP_STEPS = 8
 
 
 @dataclass
@@ -53,6 +58,7 @@ class Candidate:
     key: str
     k_max: int
     draft_cost: float
+    setup: float = 0.0  # seconds paid once before its first draft token (catching up with the history)
 
 
 @dataclass
@@ -61,6 +67,7 @@ class CostModel:
 
     verify: dict[int, float] = field(default_factory=dict)
     draft: float | None = None
+    draft_prefill: float | None = None  # seconds per token the draft model evaluates in one batch
     _known: list[int] = field(init=False, repr=False, compare=False)  # sorted sizes (c_verify runs often)
 
     def __post_init__(self) -> None:
@@ -96,6 +103,17 @@ class CostModel:
 
     def observe_draft(self, seconds_per_token: float) -> None:
         self.draft = seconds_per_token if self.draft is None else EMA * self.draft + (1 - EMA) * seconds_per_token
+
+    def observe_prefill(self, seconds_per_token: float) -> None:
+        old = self.draft_prefill
+        self.draft_prefill = seconds_per_token if old is None else EMA * old + (1 - EMA) * seconds_per_token
+
+    def catch_up(self, n: int) -> float:
+        """Seconds for the draft model to evaluate n tokens of history it has not seen (unmeasured:
+        one decode each, which overestimates)."""
+        if n <= 0:
+            return 0.0
+        return n * (self.draft_prefill or self.draft or self.c_verify(1))
 
 
 @dataclass
@@ -194,7 +212,7 @@ class Controller:
             ks[i] += 1
             total += 1
             tokens -= neg
-            spent += cands[i].draft_cost
+            spent += cands[i].draft_cost + (cands[i].setup / SETUP_STEPS if ks[i] == 1 else 0.0)
             rate = tokens / (c(batch + total) + spent)
             if rate > best_rate:
                 best_rate, best_ks = rate, list(ks)
@@ -202,7 +220,8 @@ class Controller:
                 heapq.heappush(heap, (neg * alphas[i], i))
         drafts = sum(best_ks)
         gain = best_rate / plain if drafts else 1.0
-        cost = c(batch + drafts) + sum(k * x.draft_cost for x, k in zip(cands, best_ks))
+        cost = c(batch + drafts) + sum(k * x.draft_cost + (x.setup / SETUP_STEPS if k else 0.0)
+                                       for x, k in zip(cands, best_ks))
         choices = []
         for x, a, k in zip(cands, alphas, best_ks):
             if k:
@@ -223,7 +242,7 @@ class Controller:
         out = []
         for x, ch in zip(cands, choices):
             k_max = self._limit(x)
-            if ch.k or (k_max > 0 and not self._could_pay(k_max, x.draft_cost)):
+            if ch.k or (k_max > 0 and not self._could_pay(k_max, x.draft_cost, x.setup)):
                 self._idle[x.key] = 0
             elif k_max > 0:  # k_max 0: nothing to draft from, or speculation off for this request
                 self._idle[x.key] = self._idle.get(x.key, 0) + 1
@@ -231,13 +250,14 @@ class Controller:
                     self._idle[x.key] = 0
                     k = min(2, k_max)
                     ch = Choice(k, ch.alpha, expected_tokens(k, ch.alpha),
-                                k * x.draft_cost + self.costs.c_verify(k + 1), 0.0, f"{x.key}: probe")
+                                k * x.draft_cost + x.setup + self.costs.c_verify(k + 1), 0.0, f"{x.key}: probe")
             out.append(ch)
         return out
 
-    def _could_pay(self, k_max: int, draft_cost: float, a: float = OPTIMISTIC_ALPHA) -> bool:
+    def _could_pay(self, k_max: int, draft_cost: float, setup: float = 0.0, a: float = OPTIMISTIC_ALPHA) -> bool:
         plain = 1.0 / self.costs.c_verify(1)
-        return any(expected_tokens(k, a) / (k * draft_cost + self.costs.c_verify(k + 1)) > plain * 1.05
+        once = setup / SETUP_STEPS
+        return any(expected_tokens(k, a) / (k * draft_cost + once + self.costs.c_verify(k + 1)) > plain * 1.05
                    for k in range(1, k_max + 1))
 
     def observe(self, key: str, drafted: int, accepted: int, seq: int | None = None) -> None:

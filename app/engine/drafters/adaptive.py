@@ -55,7 +55,7 @@ class AdaptiveDrafter(DrafterBase):
         cands = [self._candidate(a, m) for a, m in zip(asks, found)]
         choices = self.controller.plan(cands)
         if self.model is not None:  # where lookup got nothing, would the draft model be taken instead?
-            alt = [Candidate(None, "draft-model", a.k, self._model_cost()) if c.key != "draft-model" and ch.k == 0 and a.k > 0
+            alt = [self._model_candidate(a) if c.key != "draft-model" and ch.k == 0 and a.k > 0
                    else c for a, c, ch in zip(asks, cands, choices)]
             if alt != cands:
                 alt_choices = self.controller.plan(alt)
@@ -79,13 +79,18 @@ class AdaptiveDrafter(DrafterBase):
     def _model_cost(self) -> float:
         return self.controller.costs.draft or self.controller.costs.c_verify(1)
 
+    def _model_candidate(self, a: Ask) -> Candidate:
+        """The draft model, with what catching up with this sequence's history costs first."""
+        setup = self.controller.costs.catch_up(self.model.behind(a.seq, a.history))
+        return Candidate(None, "draft-model", a.k, self._model_cost(), setup)
+
     def _candidate(self, a: Ask, found: tuple[str, Match]) -> Candidate:
         source, m = found
         if m.tokens:
             key = suffix_key(m.depth, m.count) if source == "suffix" else lookup_key(m.depth)
             return Candidate(a.seq, key, len(m.tokens), self.LOOKUP_COST)
         if self.model is not None:
-            return Candidate(None, "draft-model", a.k, self._model_cost())
+            return self._model_candidate(a)
         return Candidate(a.seq, "none", 0, 0.0)
 
     def _draft(self, a: Ask, x: Candidate, choice: Choice, found: tuple[str, Match]) -> Draft:
@@ -94,12 +99,22 @@ class AdaptiveDrafter(DrafterBase):
         if x.key != "draft-model":
             source, m = found
             return Draft(m.tokens[: choice.k], None, source=source, match_len=m.depth, support=m.count, choice=choice)
+        behind = self.model.behind(a.seq, a.history)
         t = time.perf_counter()
         d = self.model.propose(a.seq, a.history, choice.k, a.sampling, a.rng)
         if d.tokens and self.controller.learn_costs:
-            self.controller.costs.observe_draft((time.perf_counter() - t) / len(d.tokens))
+            self._observe_model(time.perf_counter() - t, len(d.tokens), behind)
         d.choice = choice
         return d
+
+    def _observe_model(self, seconds: float, drafted: int, behind: int) -> None:
+        """A draft's time is its tokens' decodes, after a catch-up of `behind` tokens: a step that
+        was nearly in step measures the per-token cost, a long catch-up the prefill rate."""
+        costs = self.controller.costs
+        if behind <= 2:
+            costs.observe_draft(seconds / drafted)
+        elif behind >= 32:
+            costs.observe_prefill(max(seconds - drafted * (costs.draft or 0.0), 0.0) / behind)
 
     def accepted(self, seq: int, draft: Draft, n_accepted: int) -> None:
         if draft.source == "lookup":

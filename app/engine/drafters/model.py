@@ -84,6 +84,11 @@ class ModelDrafter(DrafterBase):
             pos += 1
         return draft
 
+    def behind(self, seq: int, history: Sequence[int]) -> int:
+        """Tokens of `history` this sequence's cache has not evaluated (what the next draft must catch
+        up with first: the whole prompt, at a request's first draft)."""
+        return max(len(history) - len(self.cached.get(seq, ())), 0)
+
     def share_prefix(self, src: int, dst: int, prefix: Sequence[int]) -> None:
         """`dst` starts from what `src`'s cache holds of `prefix` (shared cells, nothing copied)."""
         if not self.ctx.shares_cells:
