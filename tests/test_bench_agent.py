@@ -54,3 +54,11 @@ def test_each_mode_starts_from_an_empty_index_that_the_turns_fill(tiny):
     # the built-in prompts clear the index before every run: the second repeat drafts as the first did
     first, second = builtin["p"]["suffix"]["tokens_per_decode_all"]
     assert first == second < again["suffix"]["tokens_per_decode"]
+
+
+def test_llama_server_tokens_per_decode_from_its_timings():
+    """Each decode yields one token plus the drafts it kept: 96 tokens with 64 drafts accepted took 32 decodes."""
+    from app.commands.bench import counted
+
+    assert counted({"predicted_n": 96, "predicted_ms": 8000.0, "draft_n": 80, "draft_n_accepted": 64}) == (96, 8.0, 3.0)
+    assert counted({"predicted_n": 10, "predicted_ms": 1000.0}) == (10, 1.0, 1.0)  # plain: no draft fields

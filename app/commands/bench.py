@@ -198,13 +198,14 @@ def run_agent(loaded: Loaded, turns: list[dict], max_tokens: int, repeats: int, 
         for name in (anchors.urls if anchors else {}):
             sums = {"all": [0, 0.0], "cross": [0, 0.0]}
             for turn, prompt in zip(turns, ids):
-                n, seconds = anchors.measure_counted(name, prompt, max_tokens)
+                n, seconds, per_decode = anchors.measure_counted(name, prompt, max_tokens)
                 res = results.setdefault(turn["kind"], {}).setdefault(name, ModeResult())
                 res.tok_s.append(n / seconds if seconds else 0.0)
                 res.tokens.append(n)
+                res.tokens_per_decode.append(per_decode)
                 _add(sums, turn, n, seconds)
                 log(f"  [{rep + 1}/{repeats}] {turn['session']}{turn['turn']} {turn['kind']:22} {name:14} "
-                    f"{n / seconds if seconds else 0:6.1f} tok/s")
+                    f"{n / seconds if seconds else 0:6.1f} tok/s  tokens/decode {per_decode:.2f}")
             _total(totals, name, sums)
     summary = {kind: {mode: res.summary() for mode, res in modes_.items()} for kind, modes_ in results.items()}
     return summary, _costs_json(controller), {}, totals
@@ -330,11 +331,13 @@ class AnchorServers:
                                                     "cache_prompt": False, "top_k": 1})
         return float(r["timings"]["predicted_per_second"])
 
-    def measure_counted(self, name: str, ids: list[int], max_tokens: int) -> tuple[int, float]:
-        """(generated tokens, seconds generating) for one greedy request."""
+    def measure_counted(self, name: str, ids: list[int], max_tokens: int) -> tuple[int, float, float]:
+        """(generated tokens, seconds generating, tokens per target decode) for one greedy request.
+        Each decode after the prompt's yields one token and the drafts it kept, so the decodes are
+        the generated tokens less the accepted drafts."""
         r = _post(self.urls[name] + "/completion", {"prompt": ids, "n_predict": max_tokens, "temperature": 0,
                                                     "cache_prompt": False, "top_k": 1})
-        return int(r["timings"]["predicted_n"]), float(r["timings"]["predicted_ms"]) / 1e3
+        return counted(r["timings"])
 
     def __exit__(self, *exc) -> None:
         for proc in self.procs:
@@ -344,6 +347,13 @@ class AnchorServers:
             except subprocess.TimeoutExpired:
                 proc.kill()
         self.procs = []
+
+
+def counted(timings: dict) -> tuple[int, float, float]:
+    """llama-server's `timings` as (generated tokens, seconds generating, tokens per target decode)."""
+    n = int(timings["predicted_n"])
+    decodes = n - int(timings.get("draft_n_accepted") or 0)
+    return n, float(timings["predicted_ms"]) / 1e3, n / decodes if decodes > 0 else 1.0
 
 
 def paired(a: list[float], b: list[float]) -> tuple[float, float, float] | None:
