@@ -173,8 +173,8 @@ def main() -> int:
             results[name].update({"drafted": drafted, "accepted": accepted})
             if not args.no_ttft:
                 CURRENT["key"] = "m63"
-                cold, cached = ttft(url, long_prompt)
-                results[name].update({"ttft_cold_s": cold, "ttft_resent_s": cached, "ttft_resent_vs_cold": cached / cold})
+                cold, resent = ttft(url, long_prompt)
+                results[name].update({"ttft_cold_s": cold, "ttft_resent_s": resent, "ttft_resent_vs_cold": resent / cold})
     finally:
         for _url, proc in running.values():
             proc.terminate()

@@ -327,14 +327,11 @@ class AnchorServers:
 
     def measure(self, name: str, ids: list[int], max_tokens: int) -> float:
         """Generated tokens/s for one greedy request through llama-server's /completion."""
-        r = _post(self.urls[name] + "/completion", {"prompt": ids, "n_predict": max_tokens, "temperature": 0,
-                                                    "cache_prompt": False, "top_k": 1})
-        return float(r["timings"]["predicted_per_second"])
+        n, seconds, _ = self.measure_counted(name, ids, max_tokens)
+        return n / seconds if seconds else 0.0
 
     def measure_counted(self, name: str, ids: list[int], max_tokens: int) -> tuple[int, float, float]:
-        """(generated tokens, seconds generating, tokens per target decode) for one greedy request.
-        Each decode after the prompt's yields one token and the drafts it kept, so the decodes are
-        the generated tokens less the accepted drafts."""
+        """(generated tokens, seconds generating, tokens per target decode) for one greedy request."""
         r = _post(self.urls[name] + "/completion", {"prompt": ids, "n_predict": max_tokens, "temperature": 0,
                                                     "cache_prompt": False, "top_k": 1})
         return counted(r["timings"])
@@ -350,7 +347,9 @@ class AnchorServers:
 
 
 def counted(timings: dict) -> tuple[int, float, float]:
-    """llama-server's `timings` as (generated tokens, seconds generating, tokens per target decode)."""
+    """llama-server's `timings` as (generated tokens, seconds generating, tokens per target decode).
+    Each decode after the prompt's yields one token and the drafts it kept, so the decodes are the
+    generated tokens less the accepted drafts."""
     n = int(timings["predicted_n"])
     decodes = n - int(timings.get("draft_n_accepted") or 0)
     return n, float(timings["predicted_ms"]) / 1e3, n / decodes if decodes > 0 else 1.0

@@ -99,14 +99,13 @@ class CostModel:
         old = self.verify.get(n)
         if old is None:
             bisect.insort(self._known, n)
-        self.verify[n] = seconds if old is None else EMA * old + (1 - EMA) * seconds
+        self.verify[n] = _ema(old, seconds)
 
     def observe_draft(self, seconds_per_token: float) -> None:
-        self.draft = seconds_per_token if self.draft is None else EMA * self.draft + (1 - EMA) * seconds_per_token
+        self.draft = _ema(self.draft, seconds_per_token)
 
     def observe_prefill(self, seconds_per_token: float) -> None:
-        old = self.draft_prefill
-        self.draft_prefill = seconds_per_token if old is None else EMA * old + (1 - EMA) * seconds_per_token
+        self.draft_prefill = _ema(self.draft_prefill, seconds_per_token)
 
     def catch_up(self, n: int) -> float:
         """Seconds for the draft model to evaluate n tokens of history it has not seen (unmeasured:
@@ -114,6 +113,11 @@ class CostModel:
         if n <= 0:
             return 0.0
         return n * (self.draft_prefill or self.draft or self.c_verify(1))
+
+
+def _ema(old: float | None, new: float) -> float:
+    """A running estimate: the first figure as is, then EMA of the past."""
+    return new if old is None else EMA * old + (1 - EMA) * new
 
 
 @dataclass
