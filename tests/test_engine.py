@@ -332,3 +332,51 @@ def test_a_busy_slots_prefix_is_shared_with_a_new_request(tiny):
     assert out_a == solo_a and out_b == solo_b
     for s in (a, b):
         assert r.target.pos_max(s.id) == len(s.cached) - 1
+
+
+def test_prompts_beyond_the_slots_stay_cached_in_parked_sequences(tiny):
+    """Three conversations take turns on one slot: with three parked sequences each comes back to
+    its own cache (answers equal to a cold run, caches exact); without them each is evaluated again."""
+    prompts = [[1] + [260 + (i * 5 + j) % 50 for j in range(80)] for i in range(5)]
+    req = lambda p: Request(prompt=p, max_tokens=12, speculative=SpecParams(n_max=4))  # noqa: E731
+
+    def engine(n_seq):
+        tc = Context(Model(tiny.target), params(1024, n_seq), 1)
+        dc = Context(Model(tiny.draft), params(1024, 1), 1)  # the drafter keeps nothing for parked sequences
+        return Engine(tc, ModelDrafter(dc), 1), tc
+
+    cold, _ = engine(1)
+    solo = [run(cold, req(p))[0] for p in prompts[:3]]
+    assert cold.parked == [] and run(cold, req(prompts[0]))[1] and cold.slots[0].record.reused_tokens == 1
+
+    eng, tc = engine(4)
+    assert [s.id for s in eng.parked] == [1, 2, 3]
+    for p in prompts[:3]:
+        run(eng, req(p))
+    for p, want in zip(prompts[:3], solo):
+        out, _ = run(eng, req(p))
+        assert out == want and eng.slots[0].record.reused_tokens == len(p) - 1
+    for s in eng.slots + eng.parked:
+        assert tc.pos_max(s.id) == len(s.cached) - 1
+    # two more conversations: the one used longest ago gives way, the others stay
+    run(eng, req(prompts[3]))
+    run(eng, req(prompts[4]))
+    held = {tuple(s.cached[:81]) for s in eng.parked}
+    assert tuple(prompts[0]) not in held and {tuple(p) for p in prompts[1:4]} == held
+
+
+def test_parked_prompts_give_way_before_idle_slots(tiny):
+    """When the pool is short, the prompt parked longest ago is dropped first; idle slots keep theirs."""
+    tc = Context(Model(tiny.target), params(256, 4), 1)
+    eng = Engine(tc, None, 2)
+    a, b = eng.slots
+    run(eng, Request(prompt=[1] + [300] * 60, max_tokens=4), slot=0)
+    run(eng, Request(prompt=[1] + [290] * 60, max_tokens=4), slot=0)  # the first is parked
+    run(eng, Request(prompt=[1] + [280] * 60, max_tokens=4), slot=1)
+    first = next(p for p in eng.parked if p.cached)
+    assert first.cached[1] == 300 and len(first.cached) == 64 and len(a.cached) == len(b.cached) == 64
+    run(eng, Request(prompt=[1] + [270] * 100, max_tokens=4), slot=1)  # parks 280, then needs cells
+    assert first.cached == [] and tc.pos_max(first.id) == -1 and len(a.cached) == 64
+    assert [p.cached[1] for p in eng.parked if p.cached] == [280]
+    for s in eng.slots + eng.parked:
+        assert tc.pos_max(s.id) == len(s.cached) - 1

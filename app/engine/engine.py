@@ -100,6 +100,10 @@ class Engine:
         self.n_vocab = target.model.n_vocab
         self.window = target.model.swa_window
         self.slots = [Slot(i) for i in range(n_slots)]
+        # sequences past the slots hold prompts whose slot was taken by another request (least
+        # recently used first), where cells are shared: a conversation that comes back borrows them
+        spare = target.params.n_seq_max - n_slots if target.shares_cells else 0
+        self.parked = [Slot(i) for i in range(n_slots, n_slots + max(0, spare))]
         target.clear()  # the engine owns the context from here: its slots' records are the truth
         # recurrent / hybrid models can roll back only as many tokens as they keep snapshots for
         self.draft_limit = draft_limit if draft_limit is not None else 64
@@ -121,6 +125,7 @@ class Engine:
         if len(req.prompt) >= self.target.n_ctx:
             raise ContextOverflow(f"prompt of {len(req.prompt):,} tokens does not fit the context of {self.target.n_ctx:,}")
         t0 = time.perf_counter()
+        self._park(slot, req.prompt)
         self._borrow_prefix(slot, req.prompt)
         self._make_room(slot, len(req.prompt))
         n = kv.sync(self.target, slot.id, slot.cached, req.prompt, self.window, need_logits=True)
@@ -163,15 +168,41 @@ class Engine:
 
     BORROW_MIN = 32  # tokens: sharing a shorter prefix than this is not worth dropping the slot's own
 
+    def _park(self, slot: Slot, prompt: list[int]) -> None:
+        """Before this prompt replaces what the slot's cache holds, keep that in a parked sequence
+        (its cells only tagged once more), unless another sequence holds it already. The parked
+        sequence it extends (an earlier turn of the same conversation) is reused, else an empty one,
+        else the one parked longest ago; never one this prompt is about to borrow from."""
+        if not self.parked or len(slot.cached) - kv.common_prefix(slot.cached, prompt) < self.BORROW_MIN:
+            return
+        n = len(slot.cached)
+        if any(kv.common_prefix(s.cached, slot.cached) == n for s in self.slots + self.parked if s is not slot):
+            return
+        free = [p for p in self.parked if kv.common_prefix(p.cached, prompt) < self.BORROW_MIN]
+        spare = next((p for p in free if p.cached and kv.common_prefix(p.cached, slot.cached) == len(p.cached)),
+                     None) or next((p for p in free if not p.cached), free[0] if free else None)
+        if spare is None:
+            return
+        self.target.seq_rm(spare.id, 0, -1)
+        self.target.seq_cp(slot.id, spare.id, 0, n)
+        spare.cached = list(slot.cached)
+        self._touch(spare)
+
+    def _touch(self, parked: Slot) -> None:
+        """The most recently used parked sequence goes last (the first is dropped first)."""
+        self.parked.remove(parked)
+        self.parked.append(parked)
+
     def _borrow_prefix(self, slot: Slot, prompt: list[int]) -> None:
-        """Another slot, busy or idle, may hold a longer prefix of this prompt (a coding tool resends
-        the file while its last request still streams): this slot then shares those cells. In a
-        unified KV cache the cells are only tagged with both sequences, nothing is copied, and a
-        later rollback of either sequence leaves the other's tags alone."""
+        """Another slot, busy or idle, or a parked sequence may hold a longer prefix of this prompt (a
+        coding tool resends the file while its last request still streams; a conversation comes back
+        after its slot served others): this slot then shares those cells. In a unified KV cache the
+        cells are only tagged with both sequences, nothing is copied, and a later rollback of either
+        sequence leaves the other's tags alone."""
         if not self.target.shares_cells:
             return
         own = kv.common_prefix(slot.cached, prompt)
-        donor, n = max(((s, kv.common_prefix(s.cached, prompt)) for s in self.slots if s is not slot),
+        donor, n = max(((s, kv.common_prefix(s.cached, prompt)) for s in self.slots + self.parked if s is not slot),
                        key=lambda x: x[1], default=(None, 0))
         n = min(n, len(prompt) - 1)
         if donor is None or n < max(own + 1, self.BORROW_MIN):
@@ -179,9 +210,12 @@ class Engine:
         self.target.seq_rm(slot.id, 0, -1)
         self.target.seq_cp(donor.id, slot.id, 0, n)
         slot.cached = list(prompt[:n])
+        if donor in self.parked:
+            self._touch(donor)
         if self.drafter is not None:
             self.drafter.release(slot.id)
-            self.drafter.share_prefix(donor.id, slot.id, prompt[:n])
+            if donor in self.slots:  # drafters keep nothing for parked sequences
+                self.drafter.share_prefix(donor.id, slot.id, prompt[:n])
 
     def _make_room(self, slot: Slot, need: int) -> None:
         """Room for `need` cells on `slot` (besides what the other slots hold), else PoolBusy."""
@@ -189,17 +223,19 @@ class Engine:
             raise PoolBusy(f"the context pool ({self.target.n_ctx:,} tokens) is held by requests in flight")
 
     def _free_cells(self, need: int, keep: set[int], mine: Slot | None = None) -> int:
-        """The slots share one KV pool: drop idle slots' cached prefixes (never those in `keep`)
-        until `need` cells are free; returns the cells free (not counting `mine`'s own cache)."""
-        free = self.target.n_ctx - sum(len(s.cached) for s in self.slots if s is not mine)
-        for s in self.slots:
+        """The slots share one KV pool: drop parked prompts (the least recently used first), then idle
+        slots' cached prefixes (never those in `keep`), until `need` cells are free; returns the cells
+        free (not counting `mine`'s own cache; cells two sequences share count twice)."""
+        held = self.slots + self.parked
+        free = self.target.n_ctx - sum(len(s.cached) for s in held if s is not mine)
+        for s in self.parked + self.slots:
             if free >= need:
                 break
             if s.id not in keep and s.request is None and s.cached:
                 free += len(s.cached)
                 self.target.seq_rm(s.id, 0, -1)
                 s.cached = []
-                if self.drafter is not None:
+                if self.drafter is not None and s in self.slots:
                     self.drafter.release(s.id)
         return free
 

@@ -20,7 +20,7 @@ held against its own buffer-size log lines by the tests:
   4·n_ubatch·(n_vocab + 3·n_embd), or a layer phase: with flash attention the f16 mask
   2·n_kv·n_ubatch plus 4·n_ubatch·(3·n_ff + 2·n_embd); without it the f32 scores and mask
   4·n_kv·n_ubatch·(n_head + 1) plus 4·n_ubatch·n_ff; or a recurrent layer's phase (below).
-- output: 4·n_vocab·rows, rows = the most logits rows asked for at once (at least n_seq).
+- output: 4·n_vocab·rows, rows = the most logits rows asked for at once (at least n_seq_max).
 """
 
 from __future__ import annotations
@@ -67,6 +67,7 @@ class ContextShape:
     swa_full: bool = False
     n_rs_seq: int = 0
     n_outputs: int = 1  # most logits rows per sequence asked for at once
+    n_parked: int = 0  # sequences beyond the slots that only hold cached prompts (n_seq_max = n_seq + this)
 
 
 def context_shape(
@@ -285,4 +286,6 @@ def _recurrent_phase(info: ModelInfo, cs: ContextShape, mask: int) -> int:
 
 
 def output_bytes(info: ModelInfo, cs: ContextShape) -> int:
-    return 4 * info.vocab.size * cs.n_seq * max(1, cs.n_outputs)
+    """llama.cpp reserves a logits row per sequence (n_seq_max) at start and grows the buffer to the
+    most rows a decode asks for."""
+    return 4 * info.vocab.size * max(cs.n_seq + cs.n_parked, cs.n_seq * max(1, cs.n_outputs))
