@@ -52,6 +52,33 @@ def python_ms_per_step(engine: Engine, contexts: list[Context], prompt: list[int
     return (wall - decode) / max(1, n) * 1e3
 
 
+class Sweep:
+    """After every decode, read `mib` MiB of memory (timed as decode): what a long-context CPU decode
+    does to the caches the Python that follows runs in. Run at a short context, it tells Python work
+    that grows with the context from Python slowed by caches the decode emptied (a GPU decode leaves
+    the host's caches alone)."""
+
+    def __init__(self, contexts: list[Context], mib: int) -> None:
+        self.contexts, self.buf = contexts, np.ones(mib * 2**18, dtype=np.float32)
+
+    def __enter__(self) -> Sweep:
+        for c in self.contexts:
+            c.decode = self._after(c, c.decode)
+        return self
+
+    def _after(self, ctx: Context, decode):
+        def swept(batch) -> None:
+            decode(batch)
+            t = time.perf_counter()
+            self.buf.sum()
+            ctx.decode_seconds += time.perf_counter() - t
+        return swept
+
+    def __exit__(self, *exc) -> None:
+        for c in self.contexts:
+            del c.decode  # the class's method again
+
+
 def code_like(rng: np.random.Generator, n: int) -> list[int]:
     """Token text with the repeats code has: blocks copied from earlier in it, with small edits."""
     out: list[int] = []
@@ -105,6 +132,8 @@ def main() -> int:
     ap.add_argument("--context", type=int, default=32768)
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--indexed", type=int, default=100_000, help="other requests' tokens in the suffix index")
+    ap.add_argument("--sweep-mib", type=int, default=32,
+                    help="memory read after each decode in the control row (a 32K-token decode of the tiny pair reads ~25 MiB of KV)")
     args = ap.parse_args()
     rng = np.random.default_rng(0)
     index_costs(rng, args.indexed)
@@ -128,6 +157,11 @@ def main() -> int:
                 prompt = [int(x) for x in rng.integers(5, 200, n)]
                 ms = python_ms_per_step(engine, [tc, dc], prompt, args.steps)
                 print(f"{name:<16} {n:>8,} {ms:>15.3f}", flush=True)
+            prompt = [int(x) for x in rng.integers(5, 200, 100)]
+            with Sweep([tc, dc], args.sweep_mib):
+                ms = python_ms_per_step(engine, [tc, dc], prompt, args.steps)
+            print(f"{name:<16} {100:>8,} {ms:>15.3f}   caches emptied after each decode ({args.sweep_mib} MiB read)",
+                  flush=True)
     return 0
 
 

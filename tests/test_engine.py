@@ -64,6 +64,31 @@ def test_common_prefix_finds_the_first_difference(n):
     assert kv.common_prefix(tuple(a), b) == n  # a tuple against a list compares by value
     assert kv.common_prefix(a[:n], a) == n  # one is a prefix of the other
     assert kv.common_prefix(a, a[:n]) == n
+    assert kv.common_prefix(a, b, start=min(n, 5)) == n  # the first tokens known equal are skipped
+
+
+def test_drafters_compare_only_what_a_growing_history_added():
+    """The engine's history list only grows within a request: drafters then compare only its new
+    tokens, and still start over for another list (a new request), even one of the same length."""
+    from app.engine.drafters.lookup import LookupDrafter
+
+    g = kv.Growth()
+    h = [1, 2, 3]
+    assert g.unchanged(0, h) == 0
+    g.see(0, h)
+    h += [4, 5]
+    assert g.unchanged(0, h) == 3 and g.unchanged(0, list(h)) == 0 and g.unchanged(1, h) == 0
+    del h[1:]
+    assert g.unchanged(0, h) == 0  # shorter than when seen: not trusted
+
+    grown, fresh = LookupDrafter(), LookupDrafter()
+    rng = np.random.default_rng(1)
+    history = [int(x) for x in rng.integers(5, 12, 40)]
+    for step in range(60):  # in-place growth proposes what a drafter seeing each history afresh does
+        assert grown.lookup(0, history, 6) == fresh.lookup(step + 1, list(history), 6)
+        history += [int(x) for x in rng.integers(5, 12, int(rng.integers(1, 4)))]
+    other = [t + 1 for t in history]  # another request on the same sequence
+    assert grown.lookup(0, other, 6) == fresh.lookup(999, other, 6)
 
 
 def test_greedy_invariant_and_plain_equivalence(tiny):

@@ -20,11 +20,12 @@ from app.llama.context import Batch, Context
 CHUNK = 4096  # tokens compared at a time by C code (a Python loop over 100K tokens takes milliseconds)
 
 
-def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+def common_prefix(a: Sequence[int], b: Sequence[int], start: int = 0) -> int:
     """Length of the longest common prefix of two token sequences, in time proportional to it but at
-    C speed: this runs on every step over whole contexts (110K tokens on a 24 GB card)."""
+    C speed: this runs on every step over whole contexts (110K tokens on a 24 GB card). `start`: the
+    first `start` tokens are known to agree (they are not compared again)."""
     n = min(len(a), len(b))
-    for c0 in range(0, n, CHUNK):
+    for c0 in range(min(start, n), n, CHUNK):
         c1 = min(c0 + CHUNK, n)
         ca, cb = a[c0:c1], b[c0:c1]
         if type(ca) is not type(cb):  # a list never equals a tuple
@@ -54,9 +55,11 @@ def truncate(ctx: Context, seq: int, n: int, window: int) -> int:
     return 0
 
 
-def sync(ctx: Context, seq: int, cached: list[int], wanted: Sequence[int], window: int, need_logits: bool) -> int:
-    """Make the cache hold a reusable prefix of `wanted`; returns its length (<= len(wanted) - need_logits)."""
-    n = common_prefix(cached, wanted)
+def sync(ctx: Context, seq: int, cached: list[int], wanted: Sequence[int], window: int, need_logits: bool,
+         known: int = 0) -> int:
+    """Make the cache hold a reusable prefix of `wanted`; returns its length (<= len(wanted) - need_logits).
+    `known`: cached[:known] == wanted[:known] already (see `Growth`)."""
+    n = common_prefix(cached, wanted, known)
     if need_logits:
         n = min(n, len(wanted) - 1)
     if n < len(cached):
@@ -77,3 +80,26 @@ def evaluate(ctx: Context, seq: int, tokens: Sequence[int], start: int, logits_l
             last = batch.add(tokens[pos], pos, seq, logits_last and pos == len(tokens) - 1)
         ctx.decode(batch)
     return last
+
+
+class Growth:
+    """Per sequence, the history list last seen and its length then. The engine's histories (a slot's
+    tokens) are only appended to within a request, so when the same list comes back no shorter, the
+    part seen before is unchanged: a drafter compares only what is new, not the whole context, every
+    step. A new list (a new request) is compared in full."""
+
+    def __init__(self) -> None:
+        self._seen: dict[int, tuple[Sequence[int], int]] = {}
+
+    def unchanged(self, seq: int, history: Sequence[int]) -> int:
+        """How many leading tokens of `history` are as they were at the last `see` (0 if unknown)."""
+        last = self._seen.get(seq)
+        if last is None or last[0] is not history or len(history) < last[1]:
+            return 0
+        return last[1]
+
+    def see(self, seq: int, history: Sequence[int]) -> None:
+        self._seen[seq] = (history, len(history))
+
+    def forget(self, seq: int) -> None:
+        self._seen.pop(seq, None)

@@ -23,12 +23,14 @@ class LookupDrafter(DrafterBase):
         self.ngram_min = ngram_min
         self.match_max = max(match_max, ngram_max)
         self._index: dict[int, tuple[list[int], dict[tuple[int, ...], int]]] = {}
+        self._growth = kv.Growth()
 
     def _indexed(self, seq: int, history: Sequence[int]) -> dict[tuple[int, ...], int]:
         """n-gram -> the position right after its latest occurrence (excluding the history's end)."""
         tokens, index = self._index.get(seq, ([], {}))
         n_old = len(tokens)
-        if n_old > len(history) or kv.common_prefix(tokens, history) < n_old:  # a new or rewound history
+        same = min(self._growth.unchanged(seq, history), n_old)
+        if n_old > len(history) or kv.common_prefix(tokens, history, same) < n_old:  # a new or rewound history
             tokens, index, n_old = [], {}, 0
         tokens.extend(history[n_old:])  # in place: the history only grew
         for end in range(max(n_old, 1), len(tokens)):  # an n-gram ending at `end` is followed by tokens[end]
@@ -36,6 +38,7 @@ class LookupDrafter(DrafterBase):
                 if end - n >= 0:
                     index[tuple(tokens[end - n : end])] = end
         self._index[seq] = (tokens, index)
+        self._growth.see(seq, history)
         return index
 
     def lookup(self, seq: int, history: Sequence[int], k: int) -> tuple[list[int], int]:
@@ -70,6 +73,7 @@ class LookupDrafter(DrafterBase):
 
     def release(self, seq: int) -> None:
         self._index.pop(seq, None)
+        self._growth.forget(seq)
 
 
 def lookup_key(match_len: int) -> str:

@@ -30,6 +30,7 @@ class ModelDrafter(DrafterBase):
         self.n_min = n_min
         self.window = ctx.model.swa_window
         self.cached: dict[int, list[int]] = {}
+        self._growth = kv.Growth()  # cached[:known] == history[:known]: compared only past it
         self._samplers: dict[int, tuple[SamplingParams, TokenSampler]] = {}
 
     def _sampler(self, seq: int, sampling: SamplingParams) -> TokenSampler:
@@ -49,13 +50,15 @@ class ModelDrafter(DrafterBase):
         if k <= 0:
             return draft
         cached = self.cached.setdefault(seq, [])
-        n = kv.sync(self.ctx, seq, cached, history, self.window, need_logits=True)
+        known = min(self._growth.unchanged(seq, history), len(cached))
+        n = kv.sync(self.ctx, seq, cached, history, self.window, need_logits=True, known=known)
         try:
             idx = kv.evaluate(self.ctx, seq, history, n, logits_last=True)
         except DecodeError:  # the draft's pool is full: no draft this step (the target goes on alone)
             self._resync(seq, history)
             return draft
         cached.extend(history[len(cached):])  # sync left cached == history[:n]; the rest is now evaluated
+        self._growth.see(seq, history)
         sampler = self._sampler(seq, sampling) if sampling is not None else None
         pos = len(history)
         for j in range(k):
@@ -99,6 +102,7 @@ class ModelDrafter(DrafterBase):
         self.ctx.seq_rm(dst, 0, -1)
         self.ctx.seq_cp(src, dst, 0, n)
         self.cached[dst] = list(prefix[:n])
+        self._growth.forget(dst)
 
     def _resync(self, seq: int, history: Sequence[int]) -> None:
         """After a refused decode: keep only what the cache surely holds."""
@@ -110,5 +114,6 @@ class ModelDrafter(DrafterBase):
 
     def release(self, seq: int) -> None:
         self.cached.pop(seq, None)
+        self._growth.forget(seq)
         self._samplers.pop(seq, None)
         self.ctx.seq_rm(seq, 0, -1)

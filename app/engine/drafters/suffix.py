@@ -64,9 +64,6 @@ class Doc:
     def __len__(self) -> int:
         return self.cut + len(self.text)
 
-    def at(self, offset: int) -> int:
-        return self.text[offset - self.cut]
-
     def span(self, a: int, b: int) -> list[int]:
         return self.text[max(a, self.cut) - self.cut: b - self.cut].tolist()
 
@@ -180,20 +177,31 @@ class SuffixIndex:
         if not occ:
             return Match([])
         cands = []  # (depth, continuation)
+        tail = array("i", history[max(0, n - MAX_DEPTH):])  # what a match is measured against, from its end
         for p in reversed(occ[-MAX_CANDIDATES:]):
             doc = self.docs.get(p // DOC)
             off = p % DOC
             if doc is None or off >= len(doc):
                 continue  # a dropped document, or the history's own end: nothing follows yet
-            depth, lo = KEY, doc.cut
-            while depth < MAX_DEPTH and depth < n and off - depth - 1 >= lo \
-                    and doc.at(off - depth - 1) == history[n - depth - 1]:
-                depth += 1
-            cands.append((depth, doc.span(off, off + k)))
+            cands.append((_depth(doc, off, tail), doc.span(off, off + k)))
         if not cands:
             return Match([])
         best = max(d for d, _ in cands)
         return _walk([(d, c) for d, c in cands if 2 * d >= best], k)
+
+
+def _depth(doc: Doc, off: int, tail: array) -> int:
+    """How far back the text before `off` in `doc` equals the end of `tail` (at least KEY, which the
+    table matched; at most len(tail)): one comparison in C where the whole tail matches (a copy in
+    progress), else token by token from the end."""
+    most = min(len(tail), off - doc.cut)
+    end = off - doc.cut
+    if most > KEY and doc.text[end - most: end - KEY] == tail[len(tail) - most: len(tail) - KEY]:
+        return most
+    depth = KEY
+    while depth < most and doc.text[end - depth - 1] == tail[-depth - 1]:
+        depth += 1
+    return depth
 
 
 def _walk(cands: list[tuple[int, list[int]]], k: int) -> Match:
