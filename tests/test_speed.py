@@ -286,7 +286,44 @@ def test_step_overhead_script_measures_both_drafters():
     r = subprocess.run([sys.executable, str(root / "scripts" / "step_overhead.py"), "--context", "512", "--steps", "8",
                         "--indexed", "4000"], capture_output=True, text=True, timeout=300, cwd=root)
     assert r.returncode == 0, r.stderr[-2000:]
-    rows = [line.split() for line in r.stdout.splitlines() if line.startswith(("draft model", "adaptive"))]
-    assert len(rows) == 6 and all(float(row[-1]) > 0 for row in rows), r.stdout
+    import re
+
+    rows = [re.match(r"(draft model|adaptive\+suffix|adaptive) +([\d,]+) +([\d.]+)(.*)", line)
+            for line in r.stdout.splitlines() if line.startswith(("draft model", "adaptive"))]
+    assert len(rows) == 9 and all(m and float(m[3]) > 0 for m in rows), r.stdout
+    assert sum("caches emptied after each decode" in m[4] for m in rows) == 3  # one control row per drafter
     assert "a 4,000-token prompt indexed in" in r.stdout and "bytes a token" in r.stdout
     assert "(adaptive+suffix: 4,000 tokens of other requests indexed)" in r.stdout
+
+
+def test_a_shallow_miss_makes_the_requests_other_shallow_matches_unproven():
+    """After a code edit (whose answer copied its prompt, so every lookup match was kept), a short tool
+    call whose words the prompt only mentions: one shallow match that misses stops the others in the
+    same request; deep matches, other slots and the next request keep the estimates across requests."""
+    c = Controller(cpu_costs())
+    AdaptiveDrafter(c, LookupDrafter(), None)  # registers the groups
+    for key in ("lookup-3", "lookup-4", "lookup-16"):
+        for _ in range(30):
+            c.observe(key, 4, 4, seq=1)
+    c.new_request(0)
+    assert c.choose("lookup-3", 8, 2e-5, seq=0).k >= 1 and c.choose("lookup-4", 8, 2e-5, seq=0).k >= 1
+    c.observe("lookup-4", 4, 0, seq=0)
+    assert c.choose("lookup-3", 8, 2e-5, seq=0).k == 0  # never drafted here, yet no longer trusted
+    assert c.choose("lookup-16", 8, 2e-5, seq=0).k >= 1  # a long verbatim match is its own evidence
+    assert c.choose("lookup-3", 8, 2e-5, seq=1).k >= 1  # another slot's request is not this one
+    c.new_request(0)
+    assert c.choose("lookup-3", 8, 2e-5, seq=0).k >= 1
+    c.observe("lookup-4", 4, 4, seq=0)  # a shallow match kept whole: the others go on
+    assert c.choose("lookup-3", 8, 2e-5, seq=0).k >= 1
+
+
+def test_no_run_of_kept_drafts_makes_a_miss_impossible():
+    """A copy goes on until the text differs: after a long run of kept drafts the estimate stays
+    below certainty, so on a CPU whose verify cost grows with its length (this 2-core AMD machine's
+    calibration) the draft is not stretched to the longest a match offers."""
+    costs = CostModel(verify={1: 0.0373, 2: 0.0672, 4: 0.119, 8: 0.205, 16: 0.230, 32: 0.423, 48: 0.576})
+    c = Controller(costs)
+    for _ in range(40):
+        c.observe("suffix-32-1", 16, 16, seq=0)
+    assert 0.97 < c.alpha("suffix-32-1", 0) < 0.99
+    assert 8 <= c.choose("suffix-32-1", 47, 2e-5, seq=0).k < 47

@@ -31,6 +31,7 @@ class AdaptiveDrafter(DrafterBase):
         self.suffix = suffix
         controller.priors.update(LOOKUP_PRIORS)
         controller.priors.update(SUFFIX_PRIORS)
+        controller.group = shallow_group
 
     def begin_request(self, seq: int, partition: str | None = "") -> None:
         """A new request on this sequence: its own acceptance estimates start again."""
@@ -132,3 +133,17 @@ class AdaptiveDrafter(DrafterBase):
         for d in (self.lookup, self.model, self.suffix):
             if d is not None:
                 d.release(seq)
+
+
+SHALLOW = 8  # a match shorter than this (tokens) may be chance: a short phrase, a common shape
+
+
+def shallow_group(key: str) -> str | None:
+    """Lookup and suffix matches shorter than SHALLOW share their evidence within a request: they
+    were good on the last request because its answer copied its prompt (a code edit), and one that
+    misses on this request (a short tool call whose words the prompt merely mentions) says the others
+    will too. Deeper matches, and the draft model, keep their own."""
+    kind, _, rest = key.partition("-")
+    if kind not in ("lookup", "suffix") or not rest:
+        return None
+    return "shallow" if int(rest.split("-")[0]) < SHALLOW else None
