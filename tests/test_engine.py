@@ -405,3 +405,39 @@ def test_parked_prompts_give_way_before_idle_slots(tiny):
     assert [p.cached[1] for p in eng.parked if p.cached] == [280]
     for s in eng.slots + eng.parked:
         assert tc.pos_max(s.id) == len(s.cached) - 1
+
+
+def test_parking_goes_on_when_every_parked_prompt_shares_a_head_with_the_next(tiny):
+    """Conversations with a common head (a system prompt) take turns on one slot with three parked
+    sequences: the three most recent stay parked, not the first three; one that comes back is served
+    from its parked copy, which is then let go (the slot holds it)."""
+    head = [1] + [299] * 40
+    convs = [head + [260 + (i * 7 + j) % 40 for j in range(60)] for i in range(5)]
+    eng = Engine(Context(Model(tiny.target), params(2048, 4), 1), None, 1)
+    for c in convs:
+        run(eng, Request(prompt=c, max_tokens=4))
+    assert {tuple(p.cached[:101]) for p in eng.parked} == {tuple(c) for c in convs[1:4]}
+    run(eng, Request(prompt=convs[2] + [5, 6], max_tokens=4))
+    assert eng.slots[0].record.reused_tokens >= len(convs[2])
+    # the slot's last conversation took the place of the one used longest ago; the copy lent is let go
+    assert sorted(tuple(p.cached[:101]) for p in eng.parked if p.cached) == sorted(tuple(c) for c in convs[3:5])
+    for s in eng.slots + eng.parked:
+        assert eng.target.pos_max(s.id) == len(s.cached) - 1
+
+
+def test_the_draft_models_cache_follows_a_growing_history(tiny):
+    """The draft model compares only what the history added since its last draft: after drafts that
+    were partly kept its cache still holds exactly a prefix of the history, and it proposes what a
+    draft model seeing the whole history afresh proposes."""
+    dc = Context(Model(tiny.draft), params(1024, 2), 1)
+    d = ModelDrafter(dc)
+    rng = np.random.default_rng(3)
+    history = [1] + [int(x) for x in rng.integers(260, 300, 30)]
+    for _ in range(12):
+        draft = d.propose(0, history, 4)
+        assert dc.pos_max(0) == len(d.cached[0]) - 1 and d.cached[0][: len(history)] == history
+        fresh = ModelDrafter(dc).propose(1, list(history), 4)
+        assert draft.tokens == fresh.tokens
+        dc.seq_rm(1, 0, -1)
+        kept = int(rng.integers(0, len(draft.tokens) + 1))  # part of the draft kept, then the target's own token
+        history += draft.tokens[:kept] + [int(rng.integers(260, 300))]

@@ -304,11 +304,12 @@ def test_a_shallow_miss_makes_the_requests_other_shallow_matches_unproven():
     AdaptiveDrafter(c, LookupDrafter(), None)  # registers the groups
     for key in ("lookup-3", "lookup-4", "lookup-16"):
         for _ in range(30):
-            c.observe(key, 4, 4, seq=1)
+            c.observe(key, 4, 4)  # earlier requests
     c.new_request(0)
     assert c.choose("lookup-3", 8, 2e-5, seq=0).k >= 1 and c.choose("lookup-4", 8, 2e-5, seq=0).k >= 1
     c.observe("lookup-4", 4, 0, seq=0)
     assert c.choose("lookup-3", 8, 2e-5, seq=0).k == 0  # never drafted here, yet no longer trusted
+    assert c.alpha("lookup-4", 0) <= c.alpha("lookup-3", 0)  # nor the one that missed
     assert c.choose("lookup-16", 8, 2e-5, seq=0).k >= 1  # a long verbatim match is its own evidence
     assert c.choose("lookup-3", 8, 2e-5, seq=1).k >= 1  # another slot's request is not this one
     c.new_request(0)

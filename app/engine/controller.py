@@ -174,11 +174,10 @@ class Controller:
             self.costs.observe_verify(n, seconds)
 
     def alpha(self, key: str, seq: int | None = None) -> float:
-        """The request's own estimate for this key where it has one; else the estimate across
-        requests, capped by what the request's drafts of the key's group have shown so far."""
-        if seq is not None and (seq, key) in self.local:
-            return self.local[(seq, key)].alpha
-        a = self._global(key).alpha
+        """The request's own estimate for this key where it has one, else the estimate across
+        requests; capped by what the request's drafts of the key's group have shown so far."""
+        own = self.local.get((seq, key)) if seq is not None else None
+        a = own.alpha if own is not None else self._global(key).alpha
         group = self.group(key) if seq is not None else None
         shared = self.local.get((seq, GROUP + group)) if group else None
         return min(a, shared.alpha) if shared is not None else a

@@ -125,8 +125,10 @@ class Engine:
         if len(req.prompt) >= self.target.n_ctx:
             raise ContextOverflow(f"prompt of {len(req.prompt):,} tokens does not fit the context of {self.target.n_ctx:,}")
         t0 = time.perf_counter()
-        self._park(slot, req.prompt)
-        self._borrow_prefix(slot, req.prompt)
+        donor = self._donor(slot, req.prompt)
+        self._park(slot, req.prompt, donor[0] if donor else None)
+        if donor is not None:
+            self._borrow(slot, req.prompt, *donor)
         self._make_room(slot, len(req.prompt))
         n = kv.sync(self.target, slot.id, slot.cached, req.prompt, self.window, need_logits=True)
         try:
@@ -168,17 +170,36 @@ class Engine:
 
     BORROW_MIN = 32  # tokens: sharing a shorter prefix than this is not worth dropping the slot's own
 
-    def _park(self, slot: Slot, prompt: list[int]) -> None:
+    def _donor(self, slot: Slot, prompt: list[int]) -> tuple[Slot, int] | None:
+        """Another slot, busy or idle, or a parked sequence may hold a longer prefix of this prompt (a
+        coding tool resends the file while its last request still streams; a conversation comes back
+        after its slot served others): the one holding the most, and how much, where that beats the
+        slot's own cache by at least BORROW_MIN tokens."""
+        if not self.target.shares_cells:
+            return None
+        own = kv.common_prefix(slot.cached, prompt)
+        donor, n = max(((s, kv.common_prefix(s.cached, prompt)) for s in self.slots + self.parked if s is not slot),
+                       key=lambda x: x[1], default=(None, 0))
+        n = min(n, len(prompt) - 1)
+        if donor is None or n < max(own + 1, self.BORROW_MIN):
+            return None
+        return donor, n
+
+    def _park(self, slot: Slot, prompt: list[int], donor: Slot | None) -> None:
         """Before this prompt replaces what the slot's cache holds, keep that in a parked sequence
         (its cells only tagged once more), unless another sequence holds it already. The parked
         sequence it extends (an earlier turn of the same conversation) is reused, else an empty one,
-        else the one parked longest ago; never one this prompt is about to borrow from."""
+        else the one used longest ago; never the donor this prompt is about to borrow from."""
         if not self.parked or len(slot.cached) - kv.common_prefix(slot.cached, prompt) < self.BORROW_MIN:
             return
         n = len(slot.cached)
-        if any(kv.common_prefix(s.cached, slot.cached) == n for s in self.slots + self.parked if s is not slot):
+        holder = next((s for s in self.slots + self.parked if s is not slot and kv.common_prefix(s.cached, slot.cached) == n),
+                      None)
+        if holder is not None:
+            if holder in self.parked:
+                self._touch(holder)
             return
-        free = [p for p in self.parked if kv.common_prefix(p.cached, prompt) < self.BORROW_MIN]
+        free = [p for p in self.parked if p is not donor]
         spare = next((p for p in free if p.cached and kv.common_prefix(p.cached, slot.cached) == len(p.cached)),
                      None) or next((p for p in free if not p.cached), free[0] if free else None)
         if spare is None:
@@ -193,25 +214,20 @@ class Engine:
         self.parked.remove(parked)
         self.parked.append(parked)
 
-    def _borrow_prefix(self, slot: Slot, prompt: list[int]) -> None:
-        """Another slot, busy or idle, or a parked sequence may hold a longer prefix of this prompt (a
-        coding tool resends the file while its last request still streams; a conversation comes back
-        after its slot served others): this slot then shares those cells. In a unified KV cache the
+    def _borrow(self, slot: Slot, prompt: list[int], donor: Slot, n: int) -> None:
+        """The slot shares the donor's cells for the prompt's first n tokens. In a unified KV cache the
         cells are only tagged with both sequences, nothing is copied, and a later rollback of either
-        sequence leaves the other's tags alone."""
-        if not self.target.shares_cells:
-            return
-        own = kv.common_prefix(slot.cached, prompt)
-        donor, n = max(((s, kv.common_prefix(s.cached, prompt)) for s in self.slots + self.parked if s is not slot),
-                       key=lambda x: x[1], default=(None, 0))
-        n = min(n, len(prompt) - 1)
-        if donor is None or n < max(own + 1, self.BORROW_MIN):
-            return
+        sequence leaves the other's tags alone. A parked donor the slot now holds nearly all of is
+        let go (it would only count its cells twice; the slot parks them again when it gives way)."""
         self.target.seq_rm(slot.id, 0, -1)
         self.target.seq_cp(donor.id, slot.id, 0, n)
         slot.cached = list(prompt[:n])
         if donor in self.parked:
-            self._touch(donor)
+            if len(donor.cached) - n < self.BORROW_MIN:
+                self.target.seq_rm(donor.id, 0, -1)
+                donor.cached = []
+            else:
+                self._touch(donor)
         if self.drafter is not None:
             self.drafter.release(slot.id)
             if donor in self.slots:  # drafters keep nothing for parked sequences

@@ -33,7 +33,7 @@ def pick_slot(free: list[Slot], prompt: list[int], last_used: dict[int, float], 
     and `min_shared` tokens (a file edited past its middle); of those, the one that holds most.
     Otherwise an empty slot, else the one used longest ago: an editor's completions and its chat
     each keep their cache, and a system prompt in common does not evict a conversation. (In a
-    unified cache the engine still shares any long prefix across slots, see Engine._borrow_prefix.)"""
+    unified cache the engine still shares any long prefix across slots, see Engine._donor.)"""
     def holds(s: Slot) -> int:
         n = common_prefix(s.cached, prompt)
         served = s.record.prompt_tokens if s.record is not None else len(s.cached)  # its cache: that prompt, then the answer
