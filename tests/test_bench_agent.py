@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import re
 
-from app.commands.bench import AGENT_MODES, agent_ratios, run_agent, run_engine
+import sys
+from pathlib import Path
+
+from app.commands.bench import AGENT_MODES, AnchorServers, agent_ratios, run_agent, run_engine
 from app.commands.workloads import agent_turns, function_source
 from app.engine.loader import load
 from app.gguf.info import read_model_info
@@ -62,3 +65,24 @@ def test_llama_server_tokens_per_decode_from_its_timings():
 
     assert counted({"predicted_n": 96, "predicted_ms": 8000.0, "draft_n": 80, "draft_n_accepted": 64}) == (96, 8.0, 3.0)
     assert counted({"predicted_n": 10, "predicted_ms": 1000.0}) == (10, 1.0, 1.0)  # plain: no draft fields
+
+
+def test_anchors_start_every_repeat_from_a_fresh_process(tiny, tmp_path):
+    """llama-server's ngram-mod keeps its pool across requests: an anchor left up would draft the second
+    repeat's turns from its own answers to the first's. A stand-in whose drafts grow with the requests it
+    has served shows each repeat's first turn measured as the first repeat's was."""
+    server = tmp_path / "llama-server"
+    stand_in = Path(__file__).resolve().parent / "support" / "fake_llama_server.py"
+    server.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{stand_in}" "$@"\n')
+    server.chmod(0o755)
+    turns = [{"kind": "agent-first", "session": "A", "turn": 1, "cross": False, "prompt": "a b c d e"},
+             {"kind": "agent-again", "session": "B", "turn": 1, "cross": True, "prompt": "a b c d e"}]
+    loaded = _loaded(tiny)
+    try:
+        with AnchorServers(server, tiny.target, None, 1, 1024, {"llama_server_ngram_mod": []}) as anchors:
+            summary, _, _, _ = run_agent(loaded, turns, 8, 3, modes=("plain",), log=lambda *a: None, anchors=anchors)
+    finally:
+        loaded.close()
+    first = summary["agent-first"]["llama_server_ngram_mod"]["tokens_per_decode_all"]
+    again = summary["agent-again"]["llama_server_ngram_mod"]["tokens_per_decode_all"]
+    assert first == [1.0, 1.0, 1.0] and again[0] == again[1] == again[2] > 1.0
