@@ -104,7 +104,7 @@ def test_greedy_invariant_and_plain_equivalence(tiny):
         from app.commands.equivalence import single_vs_batch_delta
 
         gaps = [g for s in steps for g in s.top2_gap]
-        assert gaps[diverge] <= 2 * single_vs_batch_delta(r.engine, PROMPT + plain, len(PROMPT) + diverge)
+        assert gaps[diverge] <= 2 * single_vs_batch_delta(r.engine, PROMPT + plain, len(PROMPT) + diverge, len(PROMPT))
 
 
 def test_other_draft_still_equals_target_argmax(tiny):

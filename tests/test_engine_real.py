@@ -110,7 +110,7 @@ def test_qwen_pair_greedy_speculation(real_pair):
         from app.commands.equivalence import single_vs_batch_delta
 
         gaps = [g for s in steps for g in s.top2_gap]
-        delta = single_vs_batch_delta(eng, prompt + plain, len(prompt) + i)
+        delta = single_vs_batch_delta(eng, prompt + plain, len(prompt) + i, len(prompt))
         assert gaps[i] <= 2 * delta, "outputs differ away from a near-tie"
     else:
         assert plain == spec

@@ -209,17 +209,20 @@ def test_disconnect_storm_leaves_other_slots_and_idle_answers_unchanged(server):
         time.sleep(0.05)
     st = httpx.get(url + "/v1/status").json()
     assert st["busy_slots"] == 0 and st["queue"] == 0  # every cut request's slot was freed
+    assert run(GREEDY) == idle_before
+    # the same request on the quiet server: what it reuses from the caches depends on what the storm
+    # left in them, and llama.cpp's logits depend on the batch a position was evaluated in, so it may
+    # part from the first answer, but only at a near-tie, as the answers during the storm may
+    after = run(LONG)
     ctx = Context(server.loaded.target.model, server.plan.target, 1)
     try:
         ids = server.loaded.tokenizer.encode(LONG["prompt"])
-        for text, got in during:
+        for text, got in during + [after]:
             where = token_divergence(ctx, ids, solo, got)
             assert where is None or where[1] <= GAP_TOLERANCE, f"differs at token {where[0]}, top-two gap {where[1]:.3f}"
             assert where is not None or text == solo_text
     finally:
         ctx.close()
-    assert run(GREEDY) == idle_before
-    assert run(LONG) == (solo_text, solo)
 
 
 @pytest.mark.parametrize("at", [0, 3], ids=["prompt", "generation"])
