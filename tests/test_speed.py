@@ -328,3 +328,29 @@ def test_no_run_of_kept_drafts_makes_a_miss_impossible():
         c.observe("suffix-32-1", 16, 16, seq=0)
     assert 0.97 < c.alpha("suffix-32-1", 0) < 0.99
     assert 8 <= c.choose("suffix-32-1", 47, 2e-5, seq=0).k < 47
+
+
+def test_where_lookup_and_the_suffix_index_both_match_the_one_expected_to_pay_is_drafted():
+    """A module regenerated in a fresh conversation: the prompt holds the old code (lookup matches it,
+    deeper) and an earlier answer the new code (the suffix index matches it). Whichever of the two
+    this request has seen kept is drafted, not the deeper match."""
+    from app.engine.drafters.suffix import Match, SuffixDrafter
+
+    class OldCode(LookupDrafter):  # stand-ins for what the two texts hold at this point
+        def lookup(self, seq, history, k):
+            return [20, 21, 22, 23][:k], 16
+
+    class NewCode(SuffixDrafter):
+        def match(self, seq, history, k):
+            return Match([50, 51, 52, 53][:k], 8, 1)
+
+    history = list(range(5, 40))
+    for missed, kept, want in (("lookup-16", "suffix-8-1", 50), ("suffix-8-1", "lookup-16", 20)):
+        c = Controller(gpu_like_costs())
+        d = AdaptiveDrafter(c, OldCode(), None, NewCode())
+        d.begin_request(0)
+        for _ in range(3):
+            c.observe(missed, 4, 0, seq=0)
+            c.observe(kept, 4, 4, seq=0)
+        draft = d.propose(0, history, 4)
+        assert draft.tokens[:1] == [want], (missed, draft)

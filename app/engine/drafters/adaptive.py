@@ -52,9 +52,16 @@ class AdaptiveDrafter(DrafterBase):
         """Drafts for every sequence of one step, their lengths chosen together (they share one
         verify decode): lookup where it has a match, the draft model where it has none or where
         lookup's draft would not be taken."""
-        found = [self._found(a) for a in asks]
+        both = [self._found(a) for a in asks]
+        found = [first for first, _ in both]
         cands = [self._candidate(a, m) for a, m in zip(asks, found)]
         choices = self.controller.plan(cands)
+        if any(other[1].tokens for _, other in both):  # where both texts matched, the one expected to pay more
+            alt_found = [other if other[1].tokens else first for first, other in both]
+            alt = [self._candidate(a, m) for a, m in zip(asks, alt_found)]
+            alt_choices = self.controller.plan(alt)
+            if max(ch.gain for ch in alt_choices) > max(ch.gain for ch in choices):
+                found, cands, choices = alt_found, alt, alt_choices
         if self.model is not None:  # where lookup got nothing, would the draft model be taken instead?
             alt = [self._model_candidate(a) if c.key != "draft-model" and ch.k == 0 and a.k > 0
                    else c for a, c, ch in zip(asks, cands, choices)]
@@ -65,17 +72,20 @@ class AdaptiveDrafter(DrafterBase):
         choices = self.controller.probe_idle(cands, choices)
         return [self._draft(a, x, ch, m) for a, x, ch, m in zip(asks, cands, choices, found)]
 
-    def _found(self, a: Ask) -> tuple[str, Match]:
-        """Text that may come next: the suffix index's continuation where it matched deeper than
-        prompt lookup's, else lookup's (the suffix index is kept in step with every history, drafting
-        or not)."""
+    def _found(self, a: Ask) -> tuple[tuple[str, Match], tuple[str, Match]]:
+        """Text that may come next, first and second: the suffix index's continuation where it matched
+        deeper than prompt lookup's, else lookup's; the other where both matched and they differ (a
+        regenerated module: the prompt holds the old code, an earlier answer the new). The suffix
+        index is kept in step with every history, drafting or not."""
+        none = ("none", Match([]))
         deep = self.suffix.match(a.seq, a.history, a.k) if self.suffix is not None else Match([])
         if self.lookup is None or a.k <= 0:
-            return ("suffix", deep) if deep.tokens else ("none", Match([]))
+            return (("suffix", deep) if deep.tokens else none), none
         tokens, n = self.lookup.lookup(a.seq, a.history, a.k)
-        if deep.tokens and (not tokens or deep.depth > n):
-            return "suffix", deep
-        return ("lookup", Match(tokens, n)) if tokens else ("none", Match([]))
+        near = ("lookup", Match(tokens, n)) if tokens else none
+        far = ("suffix", deep) if deep.tokens else none
+        first, second = (far, near) if deep.tokens and (not tokens or deep.depth > n) else (near, far)
+        return first, (second if second[1].tokens[:1] != first[1].tokens[:1] else none)
 
     def _model_cost(self) -> float:
         return self.controller.costs.draft or self.controller.costs.c_verify(1)
