@@ -153,20 +153,19 @@ def prompt_tokens(tok: Tokenizer, item: dict) -> list[int]:
     return tok.encode(item["prompt"])
 
 
-def single_vs_batch_delta(engine: Engine, sequence: list[int], p: int, prompt_len: int | None = None) -> float | None:
+def single_vs_batch_delta(engine: Engine, sequence: list[int], p: int, prompt_len: int) -> float | None:
     """At position p: the largest logit difference between the two ways the runs compute it. Plain
     decoding evaluates the prompt in one batch, then one token at a time; speculation evaluates the
     tokens after the prompt in verify batches (here: of 4, position p-1 the first row of its batch).
     The cells of earlier positions differ by the same batch numerics and carry into position p. A
-    top-two gap below 2 x this can flip the argmax. `prompt_len`: where the generated tokens start
-    (default p - 1: only position p-1 itself is computed both ways)."""
+    top-two gap below 2 x this can flip the argmax. `prompt_len`: where the generated tokens start."""
     from app.engine import kv
     from app.llama.context import Context
 
     target = engine.target
     if target.model.is_recurrent or p < 1 or p + 1 > len(sequence):
         return None
-    start = p - 1 if prompt_len is None else min(prompt_len, p - 1)
+    start = min(prompt_len, p - 1)
     ctx = Context(target.model, target.params, 2)
     try:
         kv.evaluate(ctx, 0, sequence[:start], 0, logits_last=False)

@@ -11,7 +11,7 @@ size, cache types, offload or slots.
 from __future__ import annotations
 
 import itertools
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from typing import ClassVar, Literal
 
 from pydantic import BaseModel, Field
@@ -180,9 +180,8 @@ def parked_sequences(info: ModelInfo) -> int:
 
 
 def _shape(info: ModelInfo, c: Candidate, n_rs_seq: int, n_outputs: int, n_parked: int = 0) -> M.ContextShape:
-    cs = M.context_shape(c.ctx, c.parallel, c.type_k, c.type_v, n_ubatch=c.n_ubatch, flash_attn=True,
-                         n_rs_seq=n_rs_seq if info.n_recurrent_layers else 0, n_outputs=n_outputs)
-    return replace(cs, n_parked=n_parked)
+    return M.context_shape(c.ctx, c.parallel, c.type_k, c.type_v, n_ubatch=c.n_ubatch, flash_attn=True,
+                           n_rs_seq=n_rs_seq if info.n_recurrent_layers else 0, n_outputs=n_outputs, n_parked=n_parked)
 
 
 # tokens per embedding input at most (one sequence, evaluated in one ubatch): a code chunk. llama.cpp

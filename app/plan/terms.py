@@ -72,12 +72,12 @@ class ContextShape:
 
 def context_shape(
     n_ctx: int, n_seq: int, type_k: str, type_v: str, n_batch: int = 2048, n_ubatch: int = 512,
-    flash_attn: bool = True, swa_full: bool = False, n_rs_seq: int = 0, n_outputs: int = 1,
+    flash_attn: bool = True, swa_full: bool = False, n_rs_seq: int = 0, n_outputs: int = 1, n_parked: int = 0,
 ) -> ContextShape:
     """llama.cpp's adjustments to a requested context (unified KV pool)."""
     batch = min(n_ctx, n_batch)
     return ContextShape(pad(n_ctx, CTX_PAD), batch, min(batch, n_ubatch), max(1, n_seq), type_k, type_v,
-                        flash_attn, swa_full, n_rs_seq, n_outputs)
+                        flash_attn, swa_full, n_rs_seq, n_outputs, n_parked)
 
 
 # -- KV cache and recurrent state --------------------------------------------------------------

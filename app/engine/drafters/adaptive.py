@@ -58,19 +58,22 @@ class AdaptiveDrafter(DrafterBase):
         choices = self.controller.plan(cands)
         if any(other[1].tokens for _, other in both):  # where both texts matched, the one expected to pay more
             alt_found = [other if other[1].tokens else first for first, other in both]
-            alt = [self._candidate(a, m) for a, m in zip(asks, alt_found)]
-            alt_choices = self.controller.plan(alt)
-            if max(ch.gain for ch in alt_choices) > max(ch.gain for ch in choices):
-                found, cands, choices = alt_found, alt, alt_choices
+            better = self._better(choices, [self._candidate(a, m) for a, m in zip(asks, alt_found)])
+            if better:
+                found, (cands, choices) = alt_found, better
         if self.model is not None:  # where lookup got nothing, would the draft model be taken instead?
             alt = [self._model_candidate(a) if c.key != "draft-model" and ch.k == 0 and a.k > 0
                    else c for a, c, ch in zip(asks, cands, choices)]
             if alt != cands:
-                alt_choices = self.controller.plan(alt)
-                if max(ch.gain for ch in alt_choices) > max(ch.gain for ch in choices):
-                    cands, choices = alt, alt_choices
+                cands, choices = self._better(choices, alt) or (cands, choices)
         choices = self.controller.probe_idle(cands, choices)
         return [self._draft(a, x, ch, m) for a, x, ch, m in zip(asks, cands, choices, found)]
+
+    def _better(self, choices: list[Choice], alt: list[Candidate]) -> tuple[list[Candidate], list[Choice]] | None:
+        """Other candidates for the same step, with their plan, where the controller expects the step
+        to go faster with them than with the plan it has."""
+        alt_choices = self.controller.plan(alt)
+        return (alt, alt_choices) if max(ch.gain for ch in alt_choices) > max(ch.gain for ch in choices) else None
 
     def _found(self, a: Ask) -> tuple[tuple[str, Match], tuple[str, Match]]:
         """Text that may come next, first and second: the suffix index's continuation where it matched
