@@ -428,7 +428,8 @@ def check_long_context(client: Client, opts: Options, facts: dict) -> Check:
         return Check("long context", "skip", f"the context ({n_ctx} tokens) leaves no room for a long document", {})
     doc = long_document(client, want)
     since = time.monotonic()
-    prompt = doc + "\n# What does handler_3 return?\n"
+    # a head no cache holds (as check_ttft's): the document of an earlier run may still be cached
+    prompt = f"# {uuid.uuid4().hex[:8]}\n" + doc + "\n# What does handler_3 return?\n"
     t, last = _first_token_time(client, prompt)
     if sampler is not None:
         sampler.read()
