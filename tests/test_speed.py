@@ -354,3 +354,49 @@ def test_where_lookup_and_the_suffix_index_both_match_the_one_expected_to_pay_is
             c.observe(kept, 4, 4, seq=0)
         draft = d.propose(0, history, 4)
         assert draft.tokens[:1] == [want], (missed, draft)
+
+
+def test_a_proposal_not_drafted_is_scored_against_what_came_next():
+    """A lookup key whose estimate fell below paying would never draft again in the request, and never
+    see the copy resume (a regenerated module past the point where it differs). Each step it is not
+    drafted, the token that came instead scores its proposal, at no cost: a copy that resumes is
+    drafted again within a few steps."""
+    costs = CostModel(verify={1: 0.0373, 2: 0.0672, 4: 0.119, 8: 0.205, 16: 0.230, 32: 0.423, 48: 0.576})
+    c = Controller(costs, learn_costs=False)
+    drafter = AdaptiveDrafter(c, LookupDrafter(), None)
+    prompt = list(range(100, 160))  # the text the answer copies
+    drafter.begin_request(0)
+    key = lookup_key(16)
+    c.observe(key, 16, 1, seq=0)  # a long draft missed early: this request's estimate is low
+    history = prompt + prompt[:20]
+    first = drafter.propose(0, history, 16)
+    assert first.tokens == [] and c.alpha(key, 0) < 0.8
+
+    def follow(source: list[int], steps: int) -> int:
+        """Steps of plain decoding emitting `source`'s tokens, until a draft is made (its step)."""
+        for step in range(steps):
+            history.append(source[len(history) - len(prompt)])
+            if drafter.propose(0, history, 16).tokens:
+                return step
+        return steps
+
+    assert follow(prompt, 20) <= 6  # the copy resumed: drafted again
+    assert c.alpha(key, 0) > 0.85
+
+
+def test_a_key_new_to_the_request_takes_its_groups_evidence_here():
+    """A shallow key other requests found poor (a tool call's chance matches) is still drafted where this
+    request's shallow matches have all been kept (a copy resuming, depth 3, 4, 5... each its own key);
+    and not where they missed."""
+    c = Controller(cpu_costs())
+    AdaptiveDrafter(c, LookupDrafter(), None)
+    for _ in range(30):
+        c.observe("lookup-5", 4, 0)  # earlier requests: it missed
+    c.new_request(0)
+    assert c.choose("lookup-5", 8, 2e-5, seq=0).k == 0
+    for key in ("lookup-2", "lookup-3", "lookup-4"):
+        for _ in range(2):
+            c.observe(key, 4, 4, seq=0)
+    assert c.choose("lookup-5", 8, 2e-5, seq=0).k >= 1
+    c.observe("lookup-5", 4, 0, seq=0)  # its own miss here counts, capped by the group
+    assert c.choose("lookup-5", 8, 2e-5, seq=0).k == 0

@@ -174,13 +174,16 @@ class Controller:
             self.costs.observe_verify(n, seconds)
 
     def alpha(self, key: str, seq: int | None = None) -> float:
-        """The request's own estimate for this key where it has one, else the estimate across
-        requests; capped by what the request's drafts of the key's group have shown so far."""
+        """The request's own estimate for this key where it has one, capped by what the request's
+        drafts of the key's group have shown so far; for a key new to the request, the group's
+        evidence here where there is some (a copy resuming is matched at depth 3, 4, 5..., each its
+        own key), else the estimate across requests."""
         own = self.local.get((seq, key)) if seq is not None else None
-        a = own.alpha if own is not None else self._global(key).alpha
         group = self.group(key) if seq is not None else None
         shared = self.local.get((seq, GROUP + group)) if group else None
-        return min(a, shared.alpha) if shared is not None else a
+        if own is None:
+            return shared.alpha if shared is not None else self._global(key).alpha
+        return min(own.alpha, shared.alpha) if shared is not None else own.alpha
 
     def trusted(self, seq: int) -> int:
         """The longest draft this slot's request may take now."""

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from app.engine import kv
 from app.engine.controller import Candidate, Choice, Controller
 from app.engine.drafters.base import Ask, Draft, DrafterBase
 from app.engine.drafters.lookup import LOOKUP_PRIORS, LookupDrafter, lookup_key
@@ -31,11 +32,14 @@ class AdaptiveDrafter(DrafterBase):
         self.suffix = suffix
         controller.priors.update(LOOKUP_PRIORS)
         controller.priors.update(SUFFIX_PRIORS)
-        controller.group = shallow_group
+        controller.group = match_group
+        # per sequence, the text proposal of its last step that was not drafted: (key, position, tokens)
+        self._shadow: dict[int, tuple[str, int, list[int]]] = {}
 
     def begin_request(self, seq: int, partition: str | None = "") -> None:
         """A new request on this sequence: its own acceptance estimates start again."""
         self.controller.new_request(seq)
+        self._shadow.pop(seq, None)
         if self.suffix is not None:
             self.suffix.begin_request(seq, partition)
 
@@ -52,6 +56,7 @@ class AdaptiveDrafter(DrafterBase):
         """Drafts for every sequence of one step, their lengths chosen together (they share one
         verify decode): lookup where it has a match, the draft model where it has none or where
         lookup's draft would not be taken."""
+        self._score_shadows(asks)
         both = [self._found(a) for a in asks]
         found = [first for first, _ in both]
         cands = [self._candidate(a, m) for a, m in zip(asks, found)]
@@ -68,6 +73,21 @@ class AdaptiveDrafter(DrafterBase):
                 cands, choices = self._better(choices, alt) or (cands, choices)
         choices = self.controller.probe_idle(cands, choices)
         return [self._draft(a, x, ch, m) for a, x, ch, m in zip(asks, cands, choices, found)]
+
+    def _score_shadows(self, asks: Sequence[Ask]) -> None:
+        """Evidence at no cost: where a text proposal was not drafted last step, the tokens the step
+        emitted say whether it would have been kept, a trial for its key like a drafted one. Without
+        it a key whose estimate fell below paying never drafts again in the request, and never learns
+        that the copy it proposes has resumed (a regenerated module after the point where it differs)."""
+        for a in asks:
+            shadow = self._shadow.pop(a.seq, None)
+            if shadow is None:
+                continue
+            key, pos, tokens = shadow
+            emitted = a.history[pos: pos + len(tokens)]
+            if len(emitted) and len(a.history) > pos:
+                kept = kv.common_prefix(tokens, emitted)
+                self.controller.observe(key, min(len(tokens), len(emitted)), kept, a.seq)
 
     def _better(self, choices: list[Choice], alt: list[Candidate]) -> tuple[list[Candidate], list[Choice]] | None:
         """Other candidates for the same step, with their plan, where the controller expects the step
@@ -108,10 +128,13 @@ class AdaptiveDrafter(DrafterBase):
         return Candidate(a.seq, "none", 0, 0.0)
 
     def _draft(self, a: Ask, x: Candidate, choice: Choice, found: tuple[str, Match]) -> Draft:
+        source, m = found
+        if m.tokens and (choice.k <= 0 or x.key == "draft-model"):  # scored against the next step's history
+            key = suffix_key(m.depth, m.count) if source == "suffix" else lookup_key(m.depth)
+            self._shadow[a.seq] = (key, len(a.history), m.tokens)
         if choice.k <= 0 or x.key == "none":
             return Draft([], source="none", choice=choice)
         if x.key != "draft-model":
-            source, m = found
             return Draft(m.tokens[: choice.k], None, source=source, match_len=m.depth, support=m.count, choice=choice)
         behind = self.model.behind(a.seq, a.history)
         t = time.perf_counter()
@@ -146,17 +169,20 @@ class AdaptiveDrafter(DrafterBase):
         for d in (self.lookup, self.model, self.suffix):
             if d is not None:
                 d.release(seq)
+        self._shadow.pop(seq, None)
 
 
 SHALLOW = 8  # a match shorter than this (tokens) may be chance: a short phrase, a common shape
 
 
-def shallow_group(key: str) -> str | None:
-    """Lookup and suffix matches shorter than SHALLOW share their evidence within a request: they
-    were good on the last request because its answer copied its prompt (a code edit), and one that
-    misses on this request (a short tool call whose words the prompt merely mentions) says the others
-    will too. Deeper matches, and the draft model, keep their own."""
+def match_group(key: str) -> str | None:
+    """Lookup and suffix matches share their evidence within a request, in two groups: shorter than
+    SHALLOW, and deeper. Shallow ones were good on the last request because its answer copied its
+    prompt (a code edit), and one that misses on this request (a short tool call whose words the
+    prompt merely mentions) says the others will too. Deep ones are a copy in progress: where this
+    request's have been kept, a depth bucket new to it is drafted on that evidence. A shallow miss
+    says nothing of a long verbatim match. The draft model keeps its own."""
     kind, _, rest = key.partition("-")
     if kind not in ("lookup", "suffix") or not rest:
         return None
-    return "shallow" if int(rest.split("-")[0]) < SHALLOW else None
+    return "shallow" if int(rest.split("-")[0]) < SHALLOW else "deep"
