@@ -85,7 +85,7 @@ class AdaptiveDrafter(DrafterBase):
                 continue
             key, pos, tokens = shadow
             emitted = a.history[pos: pos + len(tokens)]
-            if len(emitted) and len(a.history) > pos:
+            if len(emitted):
                 kept = kv.common_prefix(tokens, emitted)
                 self.controller.observe(key, min(len(tokens), len(emitted)), kept, a.seq)
 
@@ -121,8 +121,7 @@ class AdaptiveDrafter(DrafterBase):
     def _candidate(self, a: Ask, found: tuple[str, Match]) -> Candidate:
         source, m = found
         if m.tokens:
-            key = suffix_key(m.depth, m.count) if source == "suffix" else lookup_key(m.depth)
-            return Candidate(a.seq, key, len(m.tokens), self.LOOKUP_COST)
+            return Candidate(a.seq, text_key(source, m), len(m.tokens), self.LOOKUP_COST)
         if self.model is not None:
             return self._model_candidate(a)
         return Candidate(a.seq, "none", 0, 0.0)
@@ -130,8 +129,7 @@ class AdaptiveDrafter(DrafterBase):
     def _draft(self, a: Ask, x: Candidate, choice: Choice, found: tuple[str, Match]) -> Draft:
         source, m = found
         if m.tokens and (choice.k <= 0 or x.key == "draft-model"):  # scored against the next step's history
-            key = suffix_key(m.depth, m.count) if source == "suffix" else lookup_key(m.depth)
-            self._shadow[a.seq] = (key, len(a.history), m.tokens)
+            self._shadow[a.seq] = (text_key(source, m), len(a.history), m.tokens)
         if choice.k <= 0 or x.key == "none":
             return Draft([], source="none", choice=choice)
         if x.key != "draft-model":
@@ -170,6 +168,11 @@ class AdaptiveDrafter(DrafterBase):
             if d is not None:
                 d.release(seq)
         self._shadow.pop(seq, None)
+
+
+def text_key(source: str, m: Match) -> str:
+    """The bucket the controller learns a text match's acceptance for."""
+    return suffix_key(m.depth, m.count) if source == "suffix" else lookup_key(m.depth)
 
 
 SHALLOW = 8  # a match shorter than this (tokens) may be chance: a short phrase, a common shape
