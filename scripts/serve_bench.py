@@ -123,6 +123,7 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=2, help="rounds of 1/2/4 streams per server, interleaved (median)")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 2)
     ap.add_argument("--specdeck-arg", action="append", default=[], help="extra flag for specdeck serve (repeatable)")
+    ap.add_argument("--llama-server-arg", action="append", default=[], help="extra flag for llama-server (repeatable)")
     ap.add_argument("--workload", choices=["helpers", "coding", "agent"], default="helpers")
     ap.add_argument("--no-ttft", action="store_true", help="skip the long-prompt TTFT check")
     ap.add_argument("--json", action="store_true")
@@ -145,7 +146,7 @@ def main() -> int:
     if server:
         commands["llama_server_np4"] = lambda port: [str(server), "-m", str(target), "--port", str(port), "--host",
                                                      "127.0.0.1", "-np", "4", "-c", "16384", "-t", str(args.threads),
-                                                     "-tb", str(args.threads), "--no-warmup"]
+                                                     "-tb", str(args.threads), "--no-warmup"] + args.llama_server_arg
     # both servers stay up; each measurement alternates between them, so drift in this machine's
     # speed falls on both sides of every ratio
     running = {}

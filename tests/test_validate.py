@@ -71,13 +71,16 @@ def test_validate_saves_a_baseline_then_compares_unchanged_and_slowed(real_pair)
         assert len(record["digests"]["target"]) == 64 and record["plan"]["ctx"] == 512 and record["date"].startswith("20")
         assert record["figures"] == f and record["revision"] == 1
 
-        # unchanged: the same server again. With 16-token runs on this shared 2-core VM, tokens/s moves
-        # by up to ~25 % between two runs (measured: -1 % plain decode, +32 % speculative, parallel
-        # throughput beyond -10 %), so this compare widens both tokens/s tolerances to 30 %. With the
-        # default 64-token, two-round runs an unchanged restart measured -4 % / -5 % decode (within 10 %).
-        code, data, err = validate("--url", served.url, *SHORT, "--compare", "--tolerance", "tokens_per_second=30%",
-                                   "--tolerance", "throughput=30%")
-        assert code == 0, (data.get("regressions"), [x["text"] for x in data.get("comparison") or []], err)
+        # unchanged: the same server again. What this checks is the comparison itself (every figure read
+        # against the saved baseline, nothing lost, no errors), not this VM's speed: with 16-token runs on a
+        # shared 2-core VM tokens/s moves between two runs by up to a third (measured: +32 % speculative;
+        # in one full-suite run plain and speculative decode both -31 %), so the timed figures get wide
+        # tolerances here. With the default 64-token, two-round runs an unchanged restart measured
+        # -4 % / -5 % decode (within 10 %).
+        code, data, err = validate("--url", served.url, *SHORT, "--compare", "--tolerance", "tokens_per_second=60%",
+                                   "--tolerance", "throughput=60%", "--tolerance", "ttft=60%")
+        assert code == 0, ([c for c in data.get("checks") or [] if c["status"] == "fail"], data.get("regressions"),
+                           [x["text"] for x in data.get("comparison") or []])
         assert data["baseline"] == str(saved) and data["comparison"] and not data["regressions"]
 
     # changed: the same pair served in-process with speculation off (the draft not loaded)
