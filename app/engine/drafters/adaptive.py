@@ -85,7 +85,7 @@ class AdaptiveDrafter(DrafterBase):
                 continue
             key, pos, tokens = shadow
             emitted = a.history[pos: pos + len(tokens)]
-            if len(emitted):
+            if emitted:
                 kept = kv.common_prefix(tokens, emitted)
                 self.controller.observe(key, min(len(tokens), len(emitted)), kept, a.seq)
 
@@ -152,10 +152,9 @@ class AdaptiveDrafter(DrafterBase):
             costs.observe_prefill(max(seconds - drafted * (costs.draft or 0.0), 0.0) / behind)
 
     def accepted(self, seq: int, draft: Draft, n_accepted: int) -> None:
-        if draft.source == "lookup":
-            self.controller.observe(lookup_key(draft.match_len), len(draft.tokens), n_accepted, seq)
-        elif draft.source == "suffix":
-            self.controller.observe(suffix_key(draft.match_len, draft.support), len(draft.tokens), n_accepted, seq)
+        if draft.source in ("lookup", "suffix"):
+            key = text_key(draft.source, Match(draft.tokens, draft.match_len, draft.support))
+            self.controller.observe(key, len(draft.tokens), n_accepted, seq)
         else:
             self.controller.observe(draft.source, len(draft.tokens), n_accepted)
 
