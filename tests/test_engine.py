@@ -359,6 +359,32 @@ def test_a_busy_slots_prefix_is_shared_with_a_new_request(tiny):
         assert r.target.pos_max(s.id) == len(s.cached) - 1
 
 
+def test_a_cached_prompt_is_reused_only_by_its_owners_requests(tiny):
+    """Two API keys send the same long prompt: neither reuses the other's cells (a short time to
+    first token would tell one client what another sent), not from a busy slot, an idle one or a
+    parked sequence; each still reuses its own, parked or not, and every answer equals a cold run."""
+    prompt = [1] + [270 + (i * 7) % 40 for i in range(120)]
+    req = lambda p, owner: Request(prompt=p, max_tokens=8, speculative=SpecParams(n_max=4), owner=owner)  # noqa: E731
+    cold, _ = run(Engine(Context(Model(tiny.target), params(2048, 1), 1), None, 1), req(prompt + [5], "x"))
+    tc = Context(Model(tiny.target), params(2048, 4), 1)
+    eng = Engine(tc, ModelDrafter(Context(Model(tiny.draft), params(2048, 2), 1)), 2)
+    a, b = eng.slots
+    run(eng, req(prompt, "alice"), slot=0)
+    out, _ = run(eng, req(prompt + [5], "bob"), slot=1)  # alice's idle slot holds all of it
+    assert b.record.reused_tokens == 0 and out == cold
+    out, _ = run(eng, req(prompt + [5], "alice"), slot=1)  # bob's slot: parked for bob; alice borrows her own
+    assert b.record.reused_tokens == len(prompt) and out == cold and b.owner == "alice"
+    assert [p.owner for p in eng.parked if p.cached] == ["bob"]
+    out, _ = run(eng, req(prompt + [5], "bob"), slot=0)  # alice's slot: bob's parked copy is his
+    assert a.record.reused_tokens == len(prompt) and out == cold and a.owner == "bob"
+    eng.start(a, req(prompt + [6], "carol"))  # a busy slot of another owner lends nothing either
+    assert a.record.reused_tokens == 0
+    out, _ = run(eng, req(prompt + [6], "dave"), slot=1)
+    assert b.record.reused_tokens == 0
+    for s in eng.slots + eng.parked:
+        assert tc.pos_max(s.id) == len(s.cached) - 1
+
+
 def test_prompts_beyond_the_slots_stay_cached_in_parked_sequences(tiny):
     """Three conversations take turns on one slot: with three parked sequences each comes back to
     its own cache (answers equal to a cold run, caches exact); without them each is evaluated again."""

@@ -214,3 +214,29 @@ def test_limits_rotation_under_load_and_the_access_log(tmp_path, tiny):
     everything = log.read_text() + s.output
     assert not [name for name, secret in SECRETS.items() if secret in everything]  # never a key
     assert '"a b"' not in log.read_text() and "\"prompt\":" not in log.read_text()  # no text without --log-prompts
+
+
+def test_one_keys_cached_prompt_is_never_anothers(tmp_path, tiny):
+    """Through the API with two keys: a prompt alice sent is served to bob from nothing cached (his
+    usage shows no cached tokens, so his time to first token says nothing of alice's prompt), and
+    to alice again from her cache."""
+    from openai import OpenAI
+    from support.live import LiveServer
+
+    from app.server.settings import ServeSettings
+
+    keys = tmp_path / "keys"
+    keys.write_text(key_lines("old", "new"))
+    keys.chmod(0o600)
+    s = LiveServer(tiny.target, tiny.draft, ServeSettings(port=free_port(), api_key_file=keys), parallel=2)
+    try:
+        def cached(name: str) -> int:
+            c = OpenAI(base_url=s.url + "/v1", api_key=SECRETS[name], max_retries=0, timeout=60)
+            r = c.completions.create(model="tiny", prompt="the a b c " * 40, max_tokens=4, temperature=0)
+            return r.usage.prompt_tokens_details.cached_tokens
+
+        assert cached("old") == 0
+        assert cached("new") == 0 and cached("new") > 100
+        assert cached("old") > 100
+    finally:
+        s.close()

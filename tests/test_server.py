@@ -95,6 +95,9 @@ def test_slot_choice_keeps_each_prompts_cache():
     assert pick_slot([a, c], edit[:250] + [8] * 100, uses) is a  # the same file edited past its middle
     assert pick_slot([a, c], edit[:150] + [8] * 200, uses) is c  # edited before it: a's cache stays
     assert pick_slot([a, c], a.cached + [5, 5, 5], uses) is a  # the conversation goes on
+    a.owner = "alice"  # another API key's cache is not taken
+    assert pick_slot([a, c], a.cached + [5, 5, 5], uses) is c
+    assert pick_slot([a, c], a.cached + [5, 5, 5], uses, owner="alice") is a
 
 
 def test_prompts_in_turn_are_each_served_from_cache(tiny_server):

@@ -64,12 +64,16 @@ class Request(BaseModel):
     # whose text this is (the API key's name): drafters learn across requests within it; None: this
     # request neither drafts from earlier requests nor joins them
     partition: str | None = ""
+    # whose prompt this is (the API key's name): a request reuses cached prefixes only of its owner's
+    # earlier requests, so no client's time to first token reveals what another client sent
+    owner: str = ""
 
 
 @dataclass
 class Slot:
     id: int
     cached: list[int] = field(default_factory=list)  # exactly what the target's cache holds
+    owner: str = ""  # whose requests the cache holds (Request.owner): only theirs reuse it
     tokens: list[int] = field(default_factory=list)  # prompt + emitted; tokens[-1] is not in the cache yet
     request: Request | None = None
     record: RequestRecord | None = None
@@ -125,8 +129,12 @@ class Engine:
         if len(req.prompt) >= self.target.n_ctx:
             raise ContextOverflow(f"prompt of {len(req.prompt):,} tokens does not fit the context of {self.target.n_ctx:,}")
         t0 = time.perf_counter()
-        donor = self._donor(slot, req.prompt)
-        self._park(slot, req.prompt, donor[0] if donor else None)
+        mine = slot.owner == req.owner
+        donor = self._donor(slot, req.prompt, req.owner)
+        self._park(slot, req.prompt if mine else [], donor[0] if donor else None)
+        if not mine:  # another owner's cache: never a prefix for this request
+            self._drop(slot)
+            slot.owner = req.owner
         if donor is not None:
             self._borrow(slot, req.prompt, *donor)
         self._make_room(slot, len(req.prompt))
@@ -170,16 +178,16 @@ class Engine:
 
     BORROW_MIN = 32  # tokens: sharing a shorter prefix than this is not worth dropping the slot's own
 
-    def _donor(self, slot: Slot, prompt: list[int]) -> tuple[Slot, int] | None:
-        """Another slot, busy or idle, or a parked sequence may hold a longer prefix of this prompt (a
-        coding tool resends the file while its last request still streams; a conversation comes back
-        after its slot served others): the one holding the most, and how much, where that beats the
-        slot's own cache by at least BORROW_MIN tokens."""
+    def _donor(self, slot: Slot, prompt: list[int], owner: str) -> tuple[Slot, int] | None:
+        """Another slot of the same owner, busy or idle, or a parked sequence may hold a longer prefix
+        of this prompt (a coding tool resends the file while its last request still streams; a
+        conversation comes back after its slot served others): the one holding the most, and how
+        much, where that beats the slot's own cache by at least BORROW_MIN tokens."""
         if not self.target.shares_cells:
             return None
-        own = kv.common_prefix(slot.cached, prompt)
-        donor, n = max(((s, kv.common_prefix(s.cached, prompt)) for s in self.slots + self.parked if s is not slot),
-                       key=lambda x: x[1], default=(None, 0))
+        own = kv.common_prefix(slot.cached, prompt) if slot.owner == owner else 0
+        donor, n = max(((s, kv.common_prefix(s.cached, prompt)) for s in self.slots + self.parked
+                        if s is not slot and s.owner == owner), key=lambda x: x[1], default=(None, 0))
         n = min(n, len(prompt) - 1)
         if donor is None or n < max(own + 1, self.BORROW_MIN):
             return None
@@ -193,21 +201,29 @@ class Engine:
         if not self.parked or len(slot.cached) - kv.common_prefix(slot.cached, prompt) < self.BORROW_MIN:
             return
         n = len(slot.cached)
-        holder = next((s for s in self.slots + self.parked if s is not slot and kv.common_prefix(s.cached, slot.cached) == n),
-                      None)
+        holder = next((s for s in self.slots + self.parked
+                       if s is not slot and s.owner == slot.owner and kv.common_prefix(s.cached, slot.cached) == n), None)
         if holder is not None:
             if holder in self.parked:
                 self._touch(holder)
             return
         free = [p for p in self.parked if p is not donor]
-        spare = next((p for p in free if p.cached and kv.common_prefix(p.cached, slot.cached) == len(p.cached)),
+        spare = next((p for p in free if p.cached and p.owner == slot.owner
+                      and kv.common_prefix(p.cached, slot.cached) == len(p.cached)),
                      None) or next((p for p in free if not p.cached), free[0] if free else None)
         if spare is None:
             return
         self.target.seq_rm(spare.id, 0, -1)
         self.target.seq_cp(slot.id, spare.id, 0, n)
-        spare.cached = list(slot.cached)
+        spare.cached, spare.owner = list(slot.cached), slot.owner
         self._touch(spare)
+
+    def _drop(self, slot: Slot) -> None:
+        """Empty the slot's cache (the target's and the drafter's)."""
+        self.target.seq_rm(slot.id, 0, -1)
+        slot.cached = []
+        if self.drafter is not None:
+            self.drafter.release(slot.id)
 
     def _touch(self, parked: Slot) -> None:
         """The most recently used parked sequence goes last (the first is dropped first)."""

@@ -140,12 +140,13 @@ def engine_request(body: Sampling, ids: list[int], service: Service, settings: S
         speculative=SpecParams(enabled=enabled and n_max > 0, n_max=min(n_max, limit)),
         stop_tokens=set() if body.ignore_eos else service.tokenizer.stop_tokens,
         partition=request_partition() if spec is None or spec.cross_request else None,
+        owner=request_partition(),
     )
 
 
 def request_partition() -> str:
-    """Whose text the request is: its API key's name (drafts learned from earlier requests come
-    only from the same key's), "" without keys."""
+    """Whose text the request is: its API key's name (drafts learned from earlier requests and
+    cached prompt prefixes come only from the same key's), "" without keys."""
     usage = current_usage.get()
     return (usage.key or "") if usage is not None else ""
 

@@ -27,14 +27,18 @@ class QueueFull(SpecdeckError):
     pass
 
 
-def pick_slot(free: list[Slot], prompt: list[int], last_used: dict[int, float], min_shared: int = 64) -> Slot:
+def pick_slot(free: list[Slot], prompt: list[int], last_used: dict[int, float], min_shared: int = 64,
+              owner: str = "") -> Slot:
     """The free slot for a prompt. A slot's cache is taken when it holds all of the prompt that slot
     last served (the same prompt resent, a conversation going on), or at least half of this prompt
     and `min_shared` tokens (a file edited past its middle); of those, the one that holds most.
     Otherwise an empty slot, else the one used longest ago: an editor's completions and its chat
-    each keep their cache, and a system prompt in common does not evict a conversation. (In a
-    unified cache the engine still shares any long prefix across slots, see Engine._donor.)"""
+    each keep their cache, and a system prompt in common does not evict a conversation. Only the
+    caches of the same owner (API key) count. (In a unified cache the engine still shares any long
+    prefix across slots, see Engine._donor.)"""
     def holds(s: Slot) -> int:
+        if s.owner != owner:
+            return 0
         n = common_prefix(s.cached, prompt)
         served = s.record.prompt_tokens if s.record is not None else len(s.cached)  # its cache: that prompt, then the answer
         return n if n and (n >= served or (2 * n >= len(prompt) and n >= min_shared)) else 0
@@ -153,7 +157,7 @@ class Scheduler:
                 job = self.queue.popleft()
             if job.cancelled.is_set():
                 continue
-            slot = pick_slot(free, job.request.prompt, self.last_used)
+            slot = pick_slot(free, job.request.prompt, self.last_used, owner=job.request.owner)
             try:
                 rec = self.engine.start(slot, job.request)
             except PoolBusy as e:
