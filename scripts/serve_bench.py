@@ -11,7 +11,10 @@ sends the speed issue's four prompts (code completion, code edit, code question,
 rendered with the model's template) n at a time; `agent` sends the agent workload's turns
 (app/commands/workloads.py) in session order, n at a time. Every measurement sends its own API key
 to specdeck, so its suffix index starts empty for it (the index is partitioned by key): no
-measurement drafts from an earlier measurement's answers to the same prompts. Each ratio is taken per
+measurement drafts from an earlier measurement's answers to the same prompts. specdeck's prompt
+cache is per key too, so before each measurement the new key sends the measurement's prompts to
+`/completion` with `n_predict` 0 (untimed: the prompts cached, nothing generated, no answer indexed), as llama-server's
+cache holds them from the warm-up both servers get. Each ratio is taken per
 round (the two servers measured back to back, who goes first alternating), then the median of the
 rounds with its min and max. Then time to first token for a ~2.6K-token prompt sent cold and then
 again (the prompt cache). Loopback only; bounded counts; stops by itself.
@@ -85,6 +88,13 @@ def aggregate(url: str, streams: int, tokens: int, prompts: list[str] | None = N
     with concurrent.futures.ThreadPoolExecutor(streams) as pool:
         counts = list(pool.map(lambda p: complete(url, p, tokens), prompts))
     return sum(counts) / (time.perf_counter() - t)
+
+
+def prime(url: str, prompts: list[str]) -> None:
+    """The current key's prompt cache holds these prompts (evaluated, nothing generated)."""
+    headers = {"Authorization": f"Bearer {KEYS[CURRENT['key']]}"}
+    for p in prompts:  # llama.cpp's /completion: n_predict 0 evaluates the prompt only
+        httpx.post(url + "/completion", json={"prompt": p, "n_predict": 0}, headers=headers, timeout=600).raise_for_status()
 
 
 def ttft(url: str, prompt: str) -> tuple[float, float]:
@@ -164,6 +174,8 @@ def main() -> int:
                 measurement += 1
                 CURRENT["key"] = f"m{measurement}"  # an empty suffix index for this measurement
                 for name in order:
+                    if name == "specdeck":
+                        prime(running[name][0], prompts if prompts is not None else helper_prompts(n))
                     samples[name][n].append(aggregate(running[name][0], n, args.tokens, prompts))
             order.reverse()  # ABBA: who goes first alternates, so a drift falls on both sides
         results = {}
@@ -190,7 +202,8 @@ def main() -> int:
         print(json.dumps(results, indent=1))
     else:
         for name, r in results.items():
-            print(name, {k: (round(v, 3) if isinstance(v, float) else [round(x, 3) for x in v]) for k, v in r.items()})
+            print(name, {k: round(v, 3) if isinstance(v, float) else [round(x, 3) for x in v] if isinstance(v, list) else v
+                         for k, v in r.items()})
     return 0
 
 
