@@ -86,3 +86,21 @@ def test_anchors_start_every_repeat_from_a_fresh_process(tiny, tmp_path):
     first = summary["agent-first"]["llama_server_ngram_mod"]["tokens_per_decode_all"]
     again = summary["agent-again"]["llama_server_ngram_mod"]["tokens_per_decode_all"]
     assert first == [1.0, 1.0, 1.0] and again[0] == again[1] == again[2] > 1.0
+
+
+def test_the_copy_bound_counts_decodes_with_the_best_copy_known():
+    from app.commands.workloads import copy_bound
+
+    prompt = list(range(1, 41))
+    assert copy_bound([], prompt, list(range(100, 130))) == 29  # nothing to copy: one decode per token after the first
+    # the answer copies the prompt from its 11th token: two plain steps until a 3-token key matches, then
+    # drafts of 16 and of the 10 left
+    assert copy_bound([], prompt, prompt[10:40]) == 4
+    assert copy_bound([], prompt, prompt[10:40], draft_max=4) == 2 + 6  # 27 tokens in steps of 5
+    # an earlier request's answer is copied only when it is given
+    earlier = [7, 7] + list(range(200, 260))
+    answer = list(range(200, 260))
+    assert copy_bound([], prompt, answer) == 59 and copy_bound(earlier, prompt, answer) == 2 + 4
+    # of two occurrences of the key the one that goes on agreeing longer is taken
+    two = [5, 6, 7, 50, 51, 52, 9, 5, 6, 7, 50, 60, 61]
+    assert copy_bound(two, [5], [6, 7, 50, 51, 52, 9]) == 2

@@ -69,3 +69,28 @@ def agent_turns() -> list[dict]:
                 turns.append({"kind": f"agent-{what}", "session": session, "turn": i + 1, "cross": cross,
                               "messages": messages})
     return turns
+
+
+def copy_bound(earlier: list[int], prompt: list[int], answer: list[int], key: int = 3, draft_max: int = 16) -> int:
+    """Target decodes an answer takes at best when drafts are copied from text: at each step the
+    draft is the longest run of the answer's next tokens (up to `draft_max`) that follows some
+    occurrence of the history's last `key` tokens in `earlier` + the prompt + the answer so far,
+    chosen knowing the answer, so every drafted token is kept. No copying drafter (lookup, suffix,
+    llama-server's n-gram modes) does better on that text; a draft model is not bounded by it.
+    The first token comes from the prompt's evaluation."""
+    text = list(earlier) + list(prompt)
+    decodes, i = 0, min(1, len(answer))
+    while i < len(answer):
+        history = text + answer[:i]
+        tail = history[-key:]
+        best = 0
+        for j in range(key, len(history)):  # an occurrence ending before the history's own end
+            if history[j - key:j] != tail:
+                continue
+            n = 0
+            while n < draft_max and i + n < len(answer) and j + n < len(history) and history[j + n] == answer[i + n]:
+                n += 1
+            best = max(best, n)
+        decodes += 1
+        i += best + 1
+    return decodes
