@@ -1,14 +1,18 @@
 #!/usr/bin/env python3
 """How many tokens per target decode drafting by copying text could reach on the agent workload:
 the target's greedy answers to its turns (in session order), then for each turn the bound
-(`app.commands.workloads.copy_bound`) with the request's own text only, and with every earlier
-turn's prompt and answer as well (what a global suffix index can hold).
+(`app.commands.workloads.copy_bound`: each draft the longest run of the answer's next tokens in the
+text, chosen knowing the answer) with the request's own text only, and with every earlier turn's
+prompt and answer as well (what a global suffix index can hold); for runs found anywhere, and for
+runs that follow an occurrence of the history's last 3 tokens (what lookup, the suffix index and
+llama-server's n-gram modes draft).
 
     python scripts/copy_bound.py [--preset coder-1.5b] [--max-tokens 96] [--draft-max 16] [--json]
 
 A bound, not a speed: it counts decodes, not their cost, and it picks each draft knowing the answer.
 It tells how much of a turn's answer is in reach of copying at all: where it is low, no lookup,
-suffix or n-gram drafter helps, and only a draft model could.
+suffix or n-gram drafter helps, and only a draft model could. Every run of text counts, a single
+common token too, so the bound is generous where little is copied.
 """
 
 from __future__ import annotations
@@ -64,25 +68,31 @@ def main() -> int:
     args = ap.parse_args()
     rows, earlier = [], []
     for turn, prompt, answer in answers(args.preset, args.max_tokens, args.threads):
-        own = copy_bound([], prompt, answer, KEY, args.draft_max)
-        every = copy_bound(earlier, prompt, answer, KEY, args.draft_max)
-        rows.append({"turn": turn["session"] + str(turn["turn"]), "kind": turn["kind"], "cross": turn["cross"],
-                     "tokens": len(answer), "decodes_own": own, "decodes_all": every})
+        row = {"turn": turn["session"] + str(turn["turn"]), "kind": turn["kind"], "cross": turn["cross"],
+               "tokens": len(answer)}
+        for key, name in ((0, "anywhere"), (KEY, "after_key")):
+            row[f"decodes_own_{name}"] = copy_bound([], prompt, answer, args.draft_max, key)
+            row[f"decodes_all_{name}"] = copy_bound(earlier, prompt, answer, args.draft_max, key)
+        rows.append(row)
         earlier += prompt + answer
     cross = [r for r in rows if r["cross"]]
-    total = {"cross_tokens_per_decode_all": sum(r["tokens"] for r in cross) / max(1, sum(r["decodes_all"] for r in cross)),
-             "all_tokens_per_decode_all": sum(r["tokens"] for r in rows) / max(1, sum(r["decodes_all"] for r in rows))}
+    per = lambda rs, col: sum(r["tokens"] for r in rs) / max(1, sum(r[col] for r in rs))  # noqa: E731
+    cols = ("decodes_own_after_key", "decodes_all_after_key", "decodes_own_anywhere", "decodes_all_anywhere")
+    total = {f"{part}_{col.removeprefix('decodes_')}": per(rs, col) for part, rs in (("cross", cross), ("all", rows))
+             for col in cols}
     if args.json:
-        print(json.dumps({"turns": rows, **total, "max_tokens": args.max_tokens, "draft_max": args.draft_max}, indent=1))
+        print(json.dumps({"turns": rows, "tokens_per_decode": total, "max_tokens": args.max_tokens,
+                          "draft_max": args.draft_max}, indent=1))
         return 0
     print(f"copy bound, tokens per target decode (greedy answers of {args.max_tokens} tokens at most, drafts of "
-          f"{args.draft_max} at most, matches of {KEY}+ tokens)")
-    print(f"{'turn':4} {'kind':22} {'cross':5} {'tokens':>6} {'own text':>9} {'+ earlier':>9}")
+          f"{args.draft_max} at most): runs after a {KEY}-token key / runs anywhere, from the request's own text "
+          "and with the earlier turns' too")
+    print(f"{'turn':4} {'kind':22} {'cross':5} {'tokens':>6} {'key, own':>9} {'key, all':>9} {'any, own':>9} {'any, all':>9}")
     for r in rows:
         print(f"{r['turn']:4} {r['kind']:22} {'yes' if r['cross'] else '':5} {r['tokens']:6} "
-              f"{r['tokens'] / max(1, r['decodes_own']):9.2f} {r['tokens'] / max(1, r['decodes_all']):9.2f}")
-    print(f"cross-request turns together: {total['cross_tokens_per_decode_all']:.2f}; "
-          f"all turns: {total['all_tokens_per_decode_all']:.2f}")
+              + " ".join(f"{r['tokens'] / max(1, r[c]):9.2f}" for c in cols))
+    for part, rs in (("cross-request turns", cross), ("all turns", rows)):
+        print(f"{part:34} " + " ".join(f"{per(rs, c):9.2f}" for c in cols))
     return 0
 
 

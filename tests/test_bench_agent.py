@@ -93,14 +93,18 @@ def test_the_copy_bound_counts_decodes_with_the_best_copy_known():
 
     prompt = list(range(1, 41))
     assert copy_bound([], prompt, list(range(100, 130))) == 29  # nothing to copy: one decode per token after the first
-    # the answer copies the prompt from its 11th token: two plain steps until a 3-token key matches, then
-    # drafts of 16 and of the 10 left
-    assert copy_bound([], prompt, prompt[10:40]) == 4
-    assert copy_bound([], prompt, prompt[10:40], draft_max=4) == 2 + 6  # 27 tokens in steps of 5
+    assert copy_bound([], prompt, prompt[10:40]) == 2  # 29 tokens after the first: a draft of 16, then of 12
+    assert copy_bound([], prompt, prompt[10:40], draft_max=4) == 6  # in steps of 5
     # an earlier request's answer is copied only when it is given
     earlier = [7, 7] + list(range(200, 260))
     answer = list(range(200, 260))
-    assert copy_bound([], prompt, answer) == 59 and copy_bound(earlier, prompt, answer) == 2 + 4
-    # of two occurrences of the key the one that goes on agreeing longer is taken
+    assert copy_bound([], prompt, answer) == 59 and copy_bound(earlier, prompt, answer) == 4
+    # a copy resumes anywhere past a changed token; the run that goes on agreeing longest is taken
+    changed = answer[:20] + [999] + answer[21:]
+    assert copy_bound(earlier, prompt, changed) == 2 + 3  # 19 tokens, 999, then 39 in runs of up to 17
     two = [5, 6, 7, 50, 51, 52, 9, 5, 6, 7, 50, 60, 61]
-    assert copy_bound(two, [5], [6, 7, 50, 51, 52, 9]) == 2
+    assert copy_bound(two, [5], [6, 7, 50, 51, 52, 9]) == 1
+    # after a 3-token key: two plain steps before the key is in the text, and three after a change
+    assert copy_bound([], prompt, prompt[10:40], key=3) == 2 + 2
+    assert copy_bound(earlier, prompt, changed, key=3) == 2 + 1 + 4 + 3  # 2 plain, a draft, 999 and 3 plain, 3 drafts
+    assert copy_bound(two, [5], [6, 7, 50, 51, 52, 9], key=3) == 2  # a plain step, then the occurrence that agrees

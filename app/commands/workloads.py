@@ -71,21 +71,22 @@ def agent_turns() -> list[dict]:
     return turns
 
 
-def copy_bound(earlier: list[int], prompt: list[int], answer: list[int], key: int = 3, draft_max: int = 16) -> int:
+def copy_bound(earlier: list[int], prompt: list[int], answer: list[int], draft_max: int = 16, key: int = 0) -> int:
     """Target decodes an answer takes at best when drafts are copied from text: at each step the
-    draft is the longest run of the answer's next tokens (up to `draft_max`) that follows some
-    occurrence of the history's last `key` tokens in `earlier` + the prompt + the answer so far,
-    chosen knowing the answer, so every drafted token is kept. No copying drafter (lookup, suffix,
-    llama-server's n-gram modes) does better on that text; a draft model is not bounded by it.
-    The first token comes from the prompt's evaluation."""
+    draft is the longest run of the answer's next tokens (up to `draft_max`) in `earlier` + the
+    prompt + the answer so far, chosen knowing the answer, so every drafted token is kept. With
+    `key` 0 the run may start anywhere: no drafter that copies text it has seen does better. With
+    `key` n it must follow an occurrence of the history's last n tokens, as lookup's, the suffix
+    index's and llama-server's n-gram drafts do (a copy resumed past a changed token can beat that).
+    A draft model is bounded by neither. The first token comes from the prompt's evaluation."""
     text = list(earlier) + list(prompt)
     decodes, i = 0, min(1, len(answer))
     while i < len(answer):
         history = text + answer[:i]
-        tail = history[-key:]
+        tail = history[len(history) - key:] if key else []
         best = 0
-        for j in range(key, len(history)):  # an occurrence ending before the history's own end
-            if history[j - key:j] != tail:
+        for j in range(key, len(history)):
+            if key and history[j - key:j] != tail:
                 continue
             n = 0
             while n < draft_max and i + n < len(answer) and j + n < len(history) and history[j + n] == answer[i + n]:
