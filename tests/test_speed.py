@@ -400,3 +400,76 @@ def test_a_key_new_to_the_request_takes_its_groups_evidence_here():
     assert c.choose("lookup-5", 8, 2e-5, seq=0).k >= 1
     c.observe("lookup-5", 4, 0, seq=0)  # its own miss here counts, capped by the group
     assert c.choose("lookup-5", 8, 2e-5, seq=0).k == 0
+
+
+def _replay(drafter, prompt: list[int], answer: list[int]) -> list[tuple[int, str, int, int]]:
+    """A target that emits `answer`: each step keeps the draft's agreeing prefix and adds the next
+    token of the answer. Returns (answer position, draft source, drafted, kept) per step."""
+    from app.engine.kv import common_prefix
+
+    history, steps = list(prompt) + answer[:1], []
+    while len(history) < len(prompt) + len(answer):
+        i = len(history) - len(prompt)
+        d = drafter.propose(0, history, 16)
+        kept = common_prefix(d.tokens, answer[i:])
+        if d.tokens:
+            drafter.accepted(0, d, kept)
+        steps.append((i, d.source, len(d.tokens), kept))
+        history += answer[i: i + kept + 1]
+    return steps
+
+
+def test_a_copy_resumes_right_past_a_token_the_target_replaced():
+    """An earlier answer copied with one token changed (another path, a renamed name): the step after
+    the change drafts the earlier text past the replaced token, not three plain steps later when the
+    suffix index's key matches again; a token left out resumes the same way."""
+    from app.engine.drafters.suffix import SuffixDrafter, SuffixIndex
+
+    earlier = list(range(200, 260))
+    for changed, how in (([*earlier[:20], 999, *earlier[21:]], "skip"), ([*earlier[:20], *earlier[21:]], "resume")):
+        c = Controller(gpu_like_costs(), learn_costs=False)
+        drafter = AdaptiveDrafter(c, None, None, SuffixDrafter(SuffixIndex()))
+        drafter.begin_request(0)
+        drafter.finish_request(0, [1, 2, 3, 7, 8, 9] + earlier)  # the earlier request, in the index
+        drafter.release(0)
+        drafter.begin_request(0)
+        steps = _replay(drafter, [1, 5, 5, 7, 8, 9], changed)
+        after = next(s for s in steps if s[0] > 20)  # the first step past the change
+        assert after[1] == how and after[3] == after[2] > 0, steps  # skip: 999 replaced 220; resume: 220 left out
+        assert all(s[2] > 0 for s in steps), steps  # no plain step: the copy never waits for a key
+
+
+def test_a_chance_match_is_not_resumed():
+    """A shallow match the target left at once (a common phrase, not a copy) is not resumed past the
+    token that broke it."""
+    from app.engine.drafters.suffix import SuffixDrafter, SuffixIndex
+
+    c = Controller(gpu_like_costs(), learn_costs=False)
+    drafter = AdaptiveDrafter(c, None, None, SuffixDrafter(SuffixIndex()))
+    drafter.begin_request(0)
+    drafter.finish_request(0, [1, 2, 3, 7, 8, 9] + list(range(200, 230)))
+    drafter.release(0)
+    drafter.begin_request(0)
+    steps = _replay(drafter, [1, 5, 5, 7, 8, 9], [200, 300, 201, 202, 203, 204, 205, 206, 207, 208])
+    assert steps[0][1] == "suffix" and steps[0][3] == 0  # drafted 201..., the target said 300
+    assert steps[1][1] not in ("resume", "skip"), steps
+
+
+def test_a_copy_realigns_where_the_change_tokenizes_differently():
+    """Two tokens of the earlier text (`/`, `keys`) came out as one (`/access`): the copy resumed past
+    one token misses, and the next step finds the target's token a little further on in the text and
+    goes on from there."""
+    from app.engine.drafters.suffix import SuffixDrafter, SuffixIndex
+
+    earlier = list(range(200, 260))
+    changed = [*earlier[:20], 999, *earlier[22:]]  # 220 and 221 became 999
+    c = Controller(gpu_like_costs(), learn_costs=False)
+    drafter = AdaptiveDrafter(c, None, None, SuffixDrafter(SuffixIndex()))
+    drafter.begin_request(0)
+    drafter.finish_request(0, [1, 2, 3, 7, 8, 9] + earlier)
+    drafter.release(0)
+    drafter.begin_request(0)
+    steps = _replay(drafter, [1, 5, 5, 7, 8, 9], changed)
+    i = next(n for n, s in enumerate(steps) if s[0] > 20)  # the first step past the change
+    assert steps[i][1] == "skip" and steps[i][3] == 0  # resumed at 221, past the token taken as replaced
+    assert steps[i + 1][1] == "resume" and steps[i + 1][3] == steps[i + 1][2] > 0, steps  # realigned at 222
