@@ -61,10 +61,8 @@ class AdaptiveDrafter(DrafterBase):
         verify decode): lookup where it has a match, the draft model where it has none or where
         lookup's draft would not be taken."""
         self._score_shadows(asks)
+        resumed = [self._resumed(a) for a in asks]
         both = [self._found(a) for a in asks]
-        # a resumed copy the text found here already proposes is the same copy, not another candidate
-        resumed = [r if r[1].tokens[:1] != first[1].tokens[:1] else ("none", Match([]))
-                   for r, (first, _) in zip((self._resumed(a) for a in asks), both)]
         found = [first for first, _ in both]
         cands = [self._candidate(a, m) for a, m in zip(asks, found)]
         choices = self.controller.plan(cands)
