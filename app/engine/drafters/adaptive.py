@@ -80,12 +80,9 @@ class AdaptiveDrafter(DrafterBase):
             if alt != cands:
                 cands, choices = self._better(choices, alt) or (cands, choices)
         choices = self.controller.probe_idle(cands, choices)
-        for a, x, ch, chosen, (first, _), resume in zip(asks, cands, choices, found, both, resumed):
+        for a, x, ch, chosen, (first, second), resume in zip(asks, cands, choices, found, both, resumed):
             drafted = chosen if ch.k > 0 and x.key not in ("draft-model", "none") else None
-            # scored next step where not drafted: the proposal taken, and a resumed copy (not the other
-            # text: its misses would cap the estimates of the taken one's group)
-            scored = (chosen,) if chosen is resume else (chosen, resume)
-            self._shadow[a.seq] = [(text_key(*p), len(a.history), p[1].tokens) for p in scored
+            self._shadow[a.seq] = [(text_key(*p), len(a.history), p[1].tokens) for p in (first, second, resume)
                                    if p[1].tokens and p is not drafted]
             # the copy followed from here: the one drafted, else a resumed copy, else the first match
             follow = next((p for p in (drafted, resume, first) if p is not None and p[1].tokens), None)
@@ -94,9 +91,9 @@ class AdaptiveDrafter(DrafterBase):
         return [self._draft(a, x, ch, m) for a, x, ch, m in zip(asks, cands, choices, found)]
 
     def _score_shadows(self, asks: Sequence[Ask]) -> None:
-        """Evidence at no cost: where a text proposal was not drafted last step (nothing was, or the
-        draft model was; a resumed copy not taken), the tokens the step emitted say whether it would
-        have been kept, a trial for its key like a drafted one. Without
+        """Evidence at no cost: where a text proposal was not drafted last step (none was, or another
+        was: the other text, a resumed copy), the tokens the step emitted say whether it would have
+        been kept, a trial for its key like a drafted one. Without
         it a key whose estimate fell below paying never drafts again in the request, and never learns
         that the copy it proposes has resumed (a regenerated module after the point where it differs)."""
         for a in asks:
