@@ -33,17 +33,13 @@ class AdaptiveDrafter(DrafterBase):
         controller.priors.update(LOOKUP_PRIORS)
         controller.priors.update(SUFFIX_PRIORS)
         controller.group = match_group
-        # per sequence, the text proposals of its last step that were not drafted: (key, position, tokens)
-        self._shadow: dict[int, list[tuple[str, int, list[int]]]] = {}
-        # per sequence, the copy its last step followed: (position, the text's continuation there, the
-        # match's depth, whether it is a resumed copy)
-        self._source: dict[int, tuple[int, list[int], int, bool]] = {}
+        # per sequence, the text proposal of its last step that was not drafted: (key, position, tokens)
+        self._shadow: dict[int, tuple[str, int, list[int]]] = {}
 
     def begin_request(self, seq: int, partition: str | None = "") -> None:
         """A new request on this sequence: its own acceptance estimates start again."""
         self.controller.new_request(seq)
         self._shadow.pop(seq, None)
-        self._source.pop(seq, None)
         if self.suffix is not None:
             self.suffix.begin_request(seq, partition)
 
@@ -61,83 +57,37 @@ class AdaptiveDrafter(DrafterBase):
         verify decode): lookup where it has a match, the draft model where it has none or where
         lookup's draft would not be taken."""
         self._score_shadows(asks)
-        resumed = [self._resumed(a) for a in asks]
         both = [self._found(a) for a in asks]
         found = [first for first, _ in both]
         cands = [self._candidate(a, m) for a, m in zip(asks, found)]
         choices = self.controller.plan(cands)
-        # where another text matched too, or a copy can resume past the token the target replaced,
-        # the one expected to pay more
-        for others in ([other for _, other in both], resumed):
-            if any(m.tokens for _, m in others):
-                alt_found = [o if o[1].tokens else f for f, o in zip(found, others)]
-                better = self._better(choices, [self._candidate(a, m) for a, m in zip(asks, alt_found)])
-                if better:
-                    found, (cands, choices) = alt_found, better
+        if any(other[1].tokens for _, other in both):  # where both texts matched, the one expected to pay more
+            alt_found = [other if other[1].tokens else first for first, other in both]
+            better = self._better(choices, [self._candidate(a, m) for a, m in zip(asks, alt_found)])
+            if better:
+                found, (cands, choices) = alt_found, better
         if self.model is not None:  # where lookup got nothing, would the draft model be taken instead?
             alt = [self._model_candidate(a) if c.key != "draft-model" and ch.k == 0 and a.k > 0
                    else c for a, c, ch in zip(asks, cands, choices)]
             if alt != cands:
                 cands, choices = self._better(choices, alt) or (cands, choices)
         choices = self.controller.probe_idle(cands, choices)
-        for a, x, ch, chosen, (first, second), resume in zip(asks, cands, choices, found, both, resumed):
-            drafted = chosen if ch.k > 0 and x.key not in ("draft-model", "none") else None
-            self._shadow[a.seq] = [(text_key(*p), len(a.history), p[1].tokens) for p in (first, second, resume)
-                                   if p[1].tokens and p is not drafted]
-            # the copy followed from here: the one drafted, else a resumed copy, else the first match
-            follow = next((p for p in (drafted, resume, first) if p is not None and p[1].tokens), None)
-            if follow is not None:
-                self._source[a.seq] = (len(a.history), follow[1].tokens, follow[1].depth, follow[0] in RESUMED)
         return [self._draft(a, x, ch, m) for a, x, ch, m in zip(asks, cands, choices, found)]
 
     def _score_shadows(self, asks: Sequence[Ask]) -> None:
-        """Evidence at no cost: where a text proposal was not drafted last step (none was, or another
-        was: the other text, a resumed copy), the tokens the step emitted say whether it would have
-        been kept, a trial for its key like a drafted one. Without
+        """Evidence at no cost: where a text proposal was not drafted last step, the tokens the step
+        emitted say whether it would have been kept, a trial for its key like a drafted one. Without
         it a key whose estimate fell below paying never drafts again in the request, and never learns
         that the copy it proposes has resumed (a regenerated module after the point where it differs)."""
         for a in asks:
-            for key, pos, tokens in self._shadow.pop(a.seq, ()):
-                emitted = a.history[pos: pos + len(tokens)]
-                if emitted:
-                    kept = kv.common_prefix(tokens, emitted)
-                    self.controller.observe(key, min(len(tokens), len(emitted)), kept, a.seq)
-
-    def _resumed(self, a: Ask) -> tuple[str, Match]:
-        """A copy that broke at the last step, resumed. Where the target kept part of a text's
-        continuation and then put a token of its own in place of the text's next (a renamed name,
-        another path, `List` for `list`): the text past the token the target's is found at a little
-        further on (the text's tokens it left out or that tokenize otherwise here), else past the
-        one it replaced. A resumed copy that the target follows goes on from there (the suffix
-        index matches it only shallowly, from the change on). Without this a copy resumes only once
-        three tokens after the change match again (the suffix index's key), each a plain step.
-        Only a copy: a deep match, or one the target followed for RESUME_KEPT tokens first (not a
-        short phrase seen once, whose next tokens were chance); a resumed copy that broke at once
-        is realigned, never resumed blindly again."""
-        source = self._source.pop(a.seq, None)
-        none = ("none", Match([]))
-        if source is None or a.k <= 0:
-            return none
-        pos, text, depth, resumed = source
-        emitted = a.history[pos:]
-        j = kv.common_prefix(text, emitted)
-        if j == len(emitted):  # followed throughout: a resumed copy goes on, others match deeply themselves
-            rest = list(text[j: j + a.k]) if resumed else []
-            return ("resume", Match(rest, depth)) if rest else none
-        if j != len(emitted) - 1 or j + 1 >= len(text):  # left more than a token back
-            return none
-        if not (resumed or depth >= SHALLOW or j >= RESUME_KEPT):
-            return none
-        mine = emitted[-1]
-        found = next((q for q in range(j + 1, min(j + 1 + RESYNC_WINDOW, len(text))) if text[q] == mine), None)
-        if found is not None:
-            source, start = "resume", found + 1
-        elif not resumed or j >= RESUME_KEPT:
-            source, start = "skip", j + 1  # the text's token replaced (a guess: its own bucket)
-        else:
-            return none
-        rest = list(text[start: start + a.k])
-        return (source, Match(rest, depth)) if rest else none
+            shadow = self._shadow.pop(a.seq, None)
+            if shadow is None:
+                continue
+            key, pos, tokens = shadow
+            emitted = a.history[pos: pos + len(tokens)]
+            if emitted:
+                kept = kv.common_prefix(tokens, emitted)
+                self.controller.observe(key, min(len(tokens), len(emitted)), kept, a.seq)
 
     def _better(self, choices: list[Choice], alt: list[Candidate]) -> tuple[list[Candidate], list[Choice]] | None:
         """Other candidates for the same step, with their plan, where the controller expects the step
@@ -178,6 +128,8 @@ class AdaptiveDrafter(DrafterBase):
 
     def _draft(self, a: Ask, x: Candidate, choice: Choice, found: tuple[str, Match]) -> Draft:
         source, m = found
+        if m.tokens and (choice.k <= 0 or x.key == "draft-model"):  # scored against the next step's history
+            self._shadow[a.seq] = (text_key(source, m), len(a.history), m.tokens)
         if choice.k <= 0 or x.key == "none":
             return Draft([], source="none", choice=choice)
         if x.key != "draft-model":
@@ -200,7 +152,7 @@ class AdaptiveDrafter(DrafterBase):
             costs.observe_prefill(max(seconds - drafted * (costs.draft or 0.0), 0.0) / behind)
 
     def accepted(self, seq: int, draft: Draft, n_accepted: int) -> None:
-        if draft.source in ("lookup", "suffix", *RESUMED):
+        if draft.source in ("lookup", "suffix"):
             key = text_key(draft.source, Match(draft.tokens, draft.match_len, draft.support))
             self.controller.observe(key, len(draft.tokens), n_accepted, seq)
         else:
@@ -215,20 +167,14 @@ class AdaptiveDrafter(DrafterBase):
             if d is not None:
                 d.release(seq)
         self._shadow.pop(seq, None)
-        self._source.pop(seq, None)
 
 
 def text_key(source: str, m: Match) -> str:
-    """The bucket the controller learns a text match's acceptance for (resumed copies have their own)."""
-    if source in RESUMED:
-        return source
+    """The bucket the controller learns a text match's acceptance for."""
     return suffix_key(m.depth, m.count) if source == "suffix" else lookup_key(m.depth)
 
 
 SHALLOW = 8  # a match shorter than this (tokens) may be chance: a short phrase, a common shape
-RESUME_KEPT = 2  # tokens of a shallow match the target must have followed before its copy is resumed
-RESYNC_WINDOW = 4  # a broken copy's text is searched this far on for the token the target put in
-RESUMED = ("resume", "skip")  # a copy resumed: realigned (or going on), or past a token taken as replaced
 
 
 def match_group(key: str) -> str | None:
