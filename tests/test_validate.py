@@ -74,11 +74,11 @@ def test_validate_saves_a_baseline_then_compares_unchanged_and_slowed(real_pair)
         # unchanged: the same server again. What this checks is the comparison itself (every figure read
         # against the saved baseline, nothing lost, no errors), not this VM's speed: with 16-token runs on a
         # shared 2-core VM tokens/s moves between two runs by up to a third (measured: +32 % speculative;
-        # in one full-suite run plain and speculative decode both -31 %), so the timed figures get wide
-        # tolerances here. With the default 64-token, two-round runs an unchanged restart measured
-        # -4 % / -5 % decode (within 10 %).
+        # in one full-suite run plain and speculative decode both -31 %; in another the cold TTFT of the
+        # short prompt +80 %, 1.01 -> 1.82 s), so the timed figures get wide tolerances here. With the
+        # default 64-token, two-round runs an unchanged restart measured -4 % / -5 % decode (within 10 %).
         code, data, err = validate("--url", served.url, *SHORT, "--compare", "--tolerance", "tokens_per_second=60%",
-                                   "--tolerance", "throughput=60%", "--tolerance", "ttft=60%")
+                                   "--tolerance", "throughput=60%", "--tolerance", "ttft=150%")
         assert code == 0, ([c for c in data.get("checks") or [] if c["status"] == "fail"], data.get("regressions"),
                            [x["text"] for x in data.get("comparison") or []])
         assert data["baseline"] == str(saved) and data["comparison"] and not data["regressions"]
