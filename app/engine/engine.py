@@ -219,10 +219,11 @@ class Engine:
         self._touch(spare)
 
     def _drop(self, slot: Slot) -> None:
-        """Empty the slot's cache (the target's and the drafter's)."""
+        """Empty a slot's or parked sequence's cache (the target's, and a slot's drafter state:
+        drafters keep nothing for parked sequences)."""
         self.target.seq_rm(slot.id, 0, -1)
         slot.cached = []
-        if self.drafter is not None:
+        if self.drafter is not None and slot in self.slots:
             self.drafter.release(slot.id)
 
     def _touch(self, parked: Slot) -> None:
@@ -265,10 +266,7 @@ class Engine:
                 break
             if s.id not in keep and s.request is None and s.cached:
                 free += len(s.cached)
-                self.target.seq_rm(s.id, 0, -1)
-                s.cached = []
-                if self.drafter is not None and s in self.slots:
-                    self.drafter.release(s.id)
+                self._drop(s)
         return free
 
     def _budget(self, slots: Sequence[Slot], ks: dict[int, int]) -> list[Slot]:

@@ -130,6 +130,7 @@ def engine_request(body: Sampling, ids: list[int], service: Service, settings: S
     enabled = service.speculative_default and (spec.enabled if spec else True)
     limit = int(service.plan.get("draft_max", 0))  # the plan is the one place draft_max is fixed
     n_max = spec.n_max if spec and spec.n_max is not None else limit
+    key = request_partition()
     return EngineRequest(
         prompt=ids, max_tokens=max(0, max_tokens), logprobs=n_logprobs,
         sampling=SamplingParams(temperature=body.temperature, top_k=body.top_k, top_p=body.top_p, min_p=body.min_p,
@@ -139,8 +140,8 @@ def engine_request(body: Sampling, ids: list[int], service: Service, settings: S
                                 grammar=grammar),
         speculative=SpecParams(enabled=enabled and n_max > 0, n_max=min(n_max, limit)),
         stop_tokens=set() if body.ignore_eos else service.tokenizer.stop_tokens,
-        partition=request_partition() if spec is None or spec.cross_request else None,
-        owner=request_partition(),
+        partition=key if spec is None or spec.cross_request else None,
+        owner=key,
     )
 
 
