@@ -359,96 +359,112 @@ def test_a_busy_slots_prefix_is_shared_with_a_new_request(tiny):
         assert r.target.pos_max(s.id) == len(s.cached) - 1
 
 
+SAVED = 64 * 2**20  # bytes of host memory for saved prompt caches: room for many of these tiny ones
+
+
+def exact(eng):
+    """Every slot's cache holds exactly its token list."""
+    for s in eng.slots:
+        assert eng.target.pos_max(s.id) == len(s.cached) - 1
+
+
 def test_a_cached_prompt_is_reused_only_by_its_owners_requests(tiny):
     """Two API keys send the same long prompt: neither reuses the other's cells (a short time to
     first token would tell one client what another sent), not from a busy slot, an idle one or a
-    parked sequence; each still reuses its own, parked or not, and every answer equals a cold run."""
+    saved copy; each still reuses its own, saved or not, and every answer equals a cold run."""
     prompt = [1] + [270 + (i * 7) % 40 for i in range(120)]
     req = lambda p, owner: Request(prompt=p, max_tokens=8, speculative=SpecParams(n_max=4), owner=owner)  # noqa: E731
     cold, _ = run(Engine(Context(Model(tiny.target), params(2048, 1), 1), None, 1), req(prompt + [5], "x"))
-    tc = Context(Model(tiny.target), params(2048, 4), 1)
-    eng = Engine(tc, ModelDrafter(Context(Model(tiny.draft), params(2048, 2), 1)), 2)
+    tc = Context(Model(tiny.target), params(2048, 2), 1)
+    eng = Engine(tc, ModelDrafter(Context(Model(tiny.draft), params(2048, 2), 1)), 2, saved_bytes=SAVED)
     a, b = eng.slots
     run(eng, req(prompt, "alice"), slot=0)
     out, _ = run(eng, req(prompt + [5], "bob"), slot=1)  # alice's idle slot holds all of it
     assert b.record.reused_tokens == 0 and out == cold
-    out, _ = run(eng, req(prompt + [5], "alice"), slot=1)  # bob's slot: parked for bob; alice borrows her own
+    out, _ = run(eng, req(prompt + [5], "alice"), slot=1)  # bob's slot: saved for bob; alice borrows her own
     assert b.record.reused_tokens == len(prompt) and out == cold and b.owner == "alice"
-    assert [p.owner for p in eng.parked if p.cached] == ["bob"]
-    out, _ = run(eng, req(prompt + [5], "bob"), slot=0)  # alice's slot: bob's parked copy is his
+    assert [e.owner for e in eng.saved.entries] == ["bob"]
+    out, _ = run(eng, req(prompt + [5], "bob"), slot=0)  # alice's slot: bob's saved copy is his
     assert a.record.reused_tokens == len(prompt) and out == cold and a.owner == "bob"
     eng.start(a, req(prompt + [6], "carol"))  # a busy slot of another owner lends nothing either
     assert a.record.reused_tokens == 0
     out, _ = run(eng, req(prompt + [6], "dave"), slot=1)
     assert b.record.reused_tokens == 0
-    for s in eng.slots + eng.parked:
-        assert tc.pos_max(s.id) == len(s.cached) - 1
+    exact(eng)
 
 
-def test_prompts_beyond_the_slots_stay_cached_in_parked_sequences(tiny):
-    """Three conversations take turns on one slot: with three parked sequences each comes back to
-    its own cache (answers equal to a cold run, caches exact); without them each is evaluated again."""
+def test_prompts_beyond_the_slots_come_back_from_host_memory(tiny):
+    """Five conversations take turns on one slot: each that comes back gets its own cache back from
+    its saved copy (answers equal to a cold run, caches exact), as long as the bound holds it: with
+    room for three copies, the one used longest ago gives way; without saved copies each is
+    evaluated again."""
     prompts = [[1] + [260 + (i * 5 + j) % 50 for j in range(80)] for i in range(5)]
     req = lambda p: Request(prompt=p, max_tokens=12, speculative=SpecParams(n_max=4))  # noqa: E731
 
-    def engine(n_seq):
-        tc = Context(Model(tiny.target), params(1024, n_seq), 1)
-        dc = Context(Model(tiny.draft), params(1024, 1), 1)  # the drafter keeps nothing for parked sequences
-        return Engine(tc, ModelDrafter(dc), 1), tc
+    def engine(saved_bytes):
+        tc = Context(Model(tiny.target), params(1024, 1), 1)
+        dc = Context(Model(tiny.draft), params(1024, 1), 1)
+        return Engine(tc, ModelDrafter(dc), 1, saved_bytes=saved_bytes)
 
-    cold, _ = engine(1)
+    cold = engine(0)
     solo = [run(cold, req(p))[0] for p in prompts[:3]]
-    assert cold.parked == [] and run(cold, req(prompts[0]))[1] and cold.slots[0].record.reused_tokens == 1
+    run(cold, req(prompts[0]))
+    assert len(cold.saved) == 0 and cold.slots[0].record.reused_tokens == 1
 
-    eng, tc = engine(4)
-    assert [s.id for s in eng.parked] == [1, 2, 3]
+    eng = engine(SAVED)
     for p in prompts[:3]:
         run(eng, req(p))
     for p, want in zip(prompts[:3], solo):
         out, _ = run(eng, req(p))
         assert out == want and eng.slots[0].record.reused_tokens == len(p) - 1
-    for s in eng.slots + eng.parked:
-        assert tc.pos_max(s.id) == len(s.cached) - 1
-    # two more conversations: the one used longest ago gives way, the others stay
-    run(eng, req(prompts[3]))
-    run(eng, req(prompts[4]))
-    held = {tuple(s.cached[:81]) for s in eng.parked}
-    assert tuple(prompts[0]) not in held and {tuple(p) for p in prompts[1:4]} == held
+        exact(eng)
+    size = eng.saved.entries[0].nbytes
+    assert all(e.nbytes == size for e in eng.saved.entries) and eng.saved.nbytes == len(eng.saved) * size
+    eng.saved.max_bytes = int(3.5 * size)
+    for p in prompts[:5]:
+        run(eng, req(p))
+    held = {tuple(e.tokens[:81]) for e in eng.saved.entries}
+    assert held == {tuple(p) for p in prompts[1:4]} and eng.saved.nbytes <= eng.saved.max_bytes
 
 
-def test_parked_prompts_give_way_before_idle_slots(tiny):
-    """When the pool is short, the prompt parked longest ago is dropped first; idle slots keep theirs."""
-    tc = Context(Model(tiny.target), params(256, 4), 1)
-    eng = Engine(tc, None, 2)
+def test_idle_slots_go_to_host_memory_when_the_pool_is_short(tiny):
+    """When a request needs cells an idle slot holds, that slot's cache is saved before it is dropped,
+    and its conversation, when it comes back, is served from the copy."""
+    tc = Context(Model(tiny.target), params(256, 2), 1)
+    eng = Engine(tc, None, 2, saved_bytes=SAVED)
     a, b = eng.slots
-    run(eng, Request(prompt=[1] + [300] * 60, max_tokens=4), slot=0)
-    run(eng, Request(prompt=[1] + [290] * 60, max_tokens=4), slot=0)  # the first is parked
-    run(eng, Request(prompt=[1] + [280] * 60, max_tokens=4), slot=1)
-    first = next(p for p in eng.parked if p.cached)
-    assert first.cached[1] == 300 and len(first.cached) == 64 and len(a.cached) == len(b.cached) == 64
-    run(eng, Request(prompt=[1] + [270] * 100, max_tokens=4), slot=1)  # parks 280, then needs cells
-    assert first.cached == [] and tc.pos_max(first.id) == -1 and len(a.cached) == 64
-    assert [p.cached[1] for p in eng.parked if p.cached] == [280]
-    for s in eng.slots + eng.parked:
-        assert tc.pos_max(s.id) == len(s.cached) - 1
+    first = [1] + [300] * 60
+    want, _ = run(Engine(Context(Model(tiny.target), params(256, 1), 1), None, 1), Request(prompt=first + [7], max_tokens=4))
+    run(eng, Request(prompt=first, max_tokens=4), slot=0)
+    run(eng, Request(prompt=[1] + [270] * 200, max_tokens=4), slot=1)  # needs slot 0's cells
+    assert a.cached == [] and tc.pos_max(a.id) == -1 and [e.tokens[:61] for e in eng.saved.entries] == [first]
+    run(eng, Request(prompt=[1] + [260] * 10, max_tokens=4), slot=1)  # slot 1's cache is saved too
+    out, _ = run(eng, Request(prompt=first + [7], max_tokens=4), slot=0)
+    assert a.record.reused_tokens == len(first) and out == want
+    exact(eng)
 
 
-def test_parking_goes_on_when_every_parked_prompt_shares_a_head_with_the_next(tiny):
-    """Conversations with a common head (a system prompt) take turns on one slot with three parked
-    sequences: the three most recent stay parked, not the first three; one that comes back is served
-    from its parked copy, which is then let go (the slot holds it)."""
+def test_saved_copies_of_conversations_with_a_common_head(tiny):
+    """Conversations with a common head (a system prompt) take turns on one slot with room for three
+    copies: the three most recent stay, not the first three; one that comes back is served from its
+    copy, and when it gives way again its longer cache replaces that copy."""
     head = [1] + [299] * 40
     convs = [head + [260 + (i * 7 + j) % 40 for j in range(60)] for i in range(5)]
-    eng = Engine(Context(Model(tiny.target), params(2048, 4), 1), None, 1)
-    for c in convs:
+    eng = Engine(Context(Model(tiny.target), params(2048, 1), 1), None, 1, saved_bytes=SAVED)
+    run(eng, Request(prompt=convs[0], max_tokens=4))
+    run(eng, Request(prompt=convs[1], max_tokens=4))
+    eng.saved.max_bytes = int(3.5 * eng.saved.entries[0].nbytes)
+    for c in convs[2:]:
         run(eng, Request(prompt=c, max_tokens=4))
-    assert {tuple(p.cached[:101]) for p in eng.parked} == {tuple(c) for c in convs[1:4]}
-    run(eng, Request(prompt=convs[2] + [5, 6], max_tokens=4))
+    assert {tuple(e.tokens[:101]) for e in eng.saved.entries} == {tuple(c) for c in convs[1:4]}
+    back = convs[2] + [5, 6]
+    run(eng, Request(prompt=back, max_tokens=4))
     assert eng.slots[0].record.reused_tokens >= len(convs[2])
-    # the slot's last conversation took the place of the one used longest ago; the copy lent is let go
-    assert sorted(tuple(p.cached[:101]) for p in eng.parked if p.cached) == sorted(tuple(c) for c in convs[3:5])
-    for s in eng.slots + eng.parked:
-        assert eng.target.pos_max(s.id) == len(s.cached) - 1
+    run(eng, Request(prompt=convs[0], max_tokens=4))
+    held = sorted(tuple(e.tokens[:101]) for e in eng.saved.entries)
+    assert held == sorted(tuple(c) for c in (convs[2], convs[3], convs[4]))
+    assert next(len(e.tokens) for e in eng.saved.entries if e.tokens[:101] == convs[2]) == len(back) + 3
+    exact(eng)
 
 
 def test_the_draft_models_cache_follows_a_growing_history(tiny):

@@ -108,7 +108,7 @@ def local_server(args: argparse.Namespace, settings: ServeSettings):
     try:
         with console.status(f"loading {r.name}…") if console.is_terminal else contextlib.nullcontext():
             loaded = load(r.plan, r.target, r.draft, args.threads or r.hw.cpu_count, adaptive=settings.speculative,
-                              suffix_tokens=settings.suffix_tokens)
+                          suffix_tokens=settings.suffix_tokens, cache_ram_mib=settings.cache_ram)
         service = build_service(r.plan, r.target, r.draft, r.name)
         service.machine = machine_facts(r.hw)
         service.digests = {role: m.get("sha256") for role, m in model_record(args, settings)[1].items()}

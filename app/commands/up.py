@@ -139,12 +139,14 @@ def prompt_ids(tok, messages: list[dict]) -> list[int]:
     return tok.encode("\n".join(m["content"] for m in messages))
 
 
-def load_and_warm(prep: Prepared, threads: int, speculative: bool, steps: Steps, suffix_tokens: int) -> Loaded:
+def load_and_warm(prep: Prepared, threads: int, settings: ServeSettings, steps: Steps) -> Loaded:
     from app.engine.engine import Request, SpecParams
     from app.engine.loader import load
 
     with steps.step("load models", spinner=True) as r:
-        loaded = load(prep.plan, prep.target, prep.draft, threads, adaptive=speculative, suffix_tokens=suffix_tokens)
+        speculative = settings.speculative
+        loaded = load(prep.plan, prep.target, prep.draft, threads, adaptive=speculative,
+                      suffix_tokens=settings.suffix_tokens, cache_ram_mib=settings.cache_ram)
         r["done"] = f"target n_ctx {loaded.target.n_ctx:,}" + (", draft loaded" if loaded.draft else "") + \
                     (", speculation costs calibrated" if speculative else "")
     try:
@@ -219,7 +221,7 @@ def up(args: argparse.Namespace, settings: ServeSettings, console: Console, out:
             prep = prepare(args, settings, steps, key_file)
             start.plan = prep.plan.to_json()
             threads = args.threads or prep.hw.cpu_count
-            loaded = load_and_warm(prep, threads, settings.speculative, steps, settings.suffix_tokens)
+            loaded = load_and_warm(prep, threads, settings, steps)
             url = f"{settings.scheme}://{settings.host}:{settings.port}"
             with steps.step("serve") as r:
                 service = build_service(prep.plan, prep.target, prep.draft, prep.name)
@@ -365,7 +367,7 @@ def chat(loaded: Loaded, plan: Plan, speculative: bool, out: Console, max_tokens
 def run(args: argparse.Namespace, settings: ServeSettings, console: Console, out: Console) -> int:
     steps = Steps(console, STEPS[:-1])
     prep = prepare(args, settings, steps)
-    loaded = load_and_warm(prep, args.threads or prep.hw.cpu_count, settings.speculative, steps, settings.suffix_tokens)
+    loaded = load_and_warm(prep, args.threads or prep.hw.cpu_count, settings, steps)
     try:
         return chat(loaded, prep.plan, settings.speculative, out, args.max_tokens)
     except KeyboardInterrupt:

@@ -30,6 +30,7 @@ from app.engine.accept import (
 from app.engine.drafters.base import Ask, Draft, Drafter
 from app.engine.logprobs import MAX_TOP, token_logprob
 from app.engine.records import RequestRecord, StepRecord
+from app.engine.saved import Saved, SavedPrompts
 from app.engine.sampling import SamplingParams, TokenSampler
 from app.errors import SpecdeckError
 from app.llama.context import Context, DecodeError
@@ -97,17 +98,16 @@ class CostObserver(Protocol):
 
 class Engine:
     def __init__(self, target: Context, drafter: Drafter | None, n_slots: int, draft_limit: int | None = None,
-                 costs: CostObserver | None = None) -> None:
+                 costs: CostObserver | None = None, saved_bytes: int = 0) -> None:
         self.target = target
         self.drafter = drafter
         self.costs = costs  # told the time of every verify decode (the controller's cost model learns from them)
         self.n_vocab = target.model.n_vocab
         self.window = target.model.swa_window
         self.slots = [Slot(i) for i in range(n_slots)]
-        # sequences past the slots hold prompts whose slot was taken by another request (least
-        # recently used first), where cells are shared: a conversation that comes back borrows them
-        spare = target.params.n_seq_max - n_slots if target.shares_cells else 0
-        self.parked = [Slot(i) for i in range(n_slots, n_slots + max(0, spare))]
+        # prompts whose slot was taken by another request, kept in host memory (0 bytes: none): a
+        # conversation that comes back gets its cache back with one copy
+        self.saved = SavedPrompts(saved_bytes)
         target.clear()  # the engine owns the context from here: its slots' records are the truth
         # recurrent / hybrid models can roll back only as many tokens as they keep snapshots for
         self.draft_limit = draft_limit if draft_limit is not None else 64
@@ -129,14 +129,13 @@ class Engine:
         if len(req.prompt) >= self.target.n_ctx:
             raise ContextOverflow(f"prompt of {len(req.prompt):,} tokens does not fit the context of {self.target.n_ctx:,}")
         t0 = time.perf_counter()
-        mine = slot.owner == req.owner
-        donor = self._donor(slot, req.prompt, req.owner)
-        self._park(slot, req.prompt if mine else [], donor[0] if donor else None)
-        if not mine:  # another owner's cache: never a prefix for this request
+        if slot.owner != req.owner:  # another owner's cache: never a prefix for this request
+            self._save(slot, [])
             self._drop(slot)
             slot.owner = req.owner
-        if donor is not None:
-            self._borrow(slot, req.prompt, *donor)
+        else:
+            self._save(slot, req.prompt)
+        self._reuse(slot, req.prompt)
         self._make_room(slot, len(req.prompt))
         n = kv.sync(self.target, slot.id, slot.cached, req.prompt, self.window, need_logits=True)
         try:
@@ -178,77 +177,82 @@ class Engine:
 
     BORROW_MIN = 32  # tokens: sharing a shorter prefix than this is not worth dropping the slot's own
 
-    def _donor(self, slot: Slot, prompt: list[int], owner: str) -> tuple[Slot, int] | None:
-        """Another slot of the same owner, busy or idle, or a parked sequence may hold a longer prefix
-        of this prompt (a coding tool resends the file while its last request still streams; a
-        conversation comes back after its slot served others): the one holding the most, and how
-        much, where that beats the slot's own cache by at least BORROW_MIN tokens."""
+    def _reuse(self, slot: Slot, prompt: list[int]) -> None:
+        """Where another slot of the same owner (busy or idle) or a saved copy holds a longer prefix of
+        this prompt than the slot's own cache (a coding tool resends the file while its last request
+        still streams; a conversation comes back after its slot served others), start from the one
+        holding the most."""
+        own = kv.common_prefix(slot.cached, prompt)
+        donor = self._donor(slot, prompt, own)
+        saved = self._saved_prefix(prompt, slot.owner, max(own, donor[1] if donor else 0))
+        if saved is not None:
+            self._restore(slot, saved)
+        elif donor is not None:
+            self._borrow(slot, prompt, *donor)
+
+    def _donor(self, slot: Slot, prompt: list[int], own: int) -> tuple[Slot, int] | None:
+        """The other slot of the same owner holding the longest prefix of the prompt, and how much,
+        where that beats the slot's own cache by BORROW_MIN tokens (only where cells can be shared)."""
         if not self.target.shares_cells:
             return None
-        own = kv.common_prefix(slot.cached, prompt) if slot.owner == owner else 0
-        donor, n = max(((s, kv.common_prefix(s.cached, prompt)) for s in self.slots + self.parked
-                        if s is not slot and s.owner == owner), key=lambda x: x[1], default=(None, 0))
+        donor, n = max(((s, kv.common_prefix(s.cached, prompt)) for s in self.slots
+                        if s is not slot and s.owner == slot.owner), key=lambda x: x[1], default=(None, 0))
         n = min(n, len(prompt) - 1)
         if donor is None or n < max(own + 1, self.BORROW_MIN):
             return None
         return donor, n
 
-    def _park(self, slot: Slot, prompt: list[int], donor: Slot | None) -> None:
-        """Before this prompt replaces what the slot's cache holds, keep that in a parked sequence
-        (its cells only tagged once more), unless another sequence holds it already. The parked
-        sequence it extends (an earlier turn of the same conversation) is reused, else an empty one,
-        else the one used longest ago; never the donor this prompt is about to borrow from."""
-        if not self.parked or len(slot.cached) - kv.common_prefix(slot.cached, prompt) < self.BORROW_MIN:
-            return
+    def _saved_prefix(self, prompt: list[int], owner: str, beat: int) -> Saved | None:
+        """The saved copy of this owner's that holds the longest prefix of the prompt, where that beats
+        `beat` tokens by BORROW_MIN. Sliding-window and recurrent state cannot go back into a copy:
+        there only a copy the prompt extends whole (or but for its last token) is worth loading."""
+        hit = self.saved.best(owner, prompt)
+        if hit is None:
+            return None
+        entry, n = hit
+        n = min(n, len(prompt) - 1)
+        if n < beat + self.BORROW_MIN or (not self.target.shares_cells and n < len(entry.tokens) - 1):
+            return None
+        return entry
+
+    def _save(self, slot: Slot, prompt: list[int]) -> None:
+        """Before this prompt replaces what the slot's cache holds (all of it but the common prefix),
+        keep a copy in host memory, unless another slot or a saved copy holds it already."""
         n = len(slot.cached)
-        holder = next((s for s in self.slots + self.parked
-                       if s is not slot and s.owner == slot.owner and kv.common_prefix(s.cached, slot.cached) == n), None)
-        if holder is not None:
-            if holder in self.parked:
-                self._touch(holder)
+        if not self.saved.max_bytes or n - kv.common_prefix(slot.cached, prompt) < self.BORROW_MIN:
             return
-        free = [p for p in self.parked if p is not donor]
-        spare = next((p for p in free if p.cached and p.owner == slot.owner
-                      and kv.common_prefix(p.cached, slot.cached) == len(p.cached)),
-                     None) or next((p for p in free if not p.cached), free[0] if free else None)
-        if spare is None:
+        if self.target.shares_cells and any(s is not slot and s.owner == slot.owner
+                                            and kv.common_prefix(s.cached, slot.cached) == n for s in self.slots):
             return
-        self.target.seq_rm(spare.id, 0, -1)
-        self.target.seq_cp(slot.id, spare.id, 0, n)
-        spare.cached, spare.owner = list(slot.cached), slot.owner
-        self._touch(spare)
+        if not self.saved.covers(slot.owner, slot.cached):
+            self.saved.add(slot.owner, slot.cached, self.target.save_seq(slot.id), slack=self.BORROW_MIN)
+
+    def _restore(self, slot: Slot, entry: Saved) -> None:
+        """The slot's cache becomes a saved copy (one copy into free cells of the pool); where the pool
+        has no room for it, the slot starts empty."""
+        self.saved.touch(entry)
+        self._drop(slot)
+        need = len(entry.tokens)
+        if self._free_cells(need, keep={slot.id}, mine=slot) >= need and self.target.load_seq(slot.id, entry.data):
+            slot.cached = list(entry.tokens)
 
     def _drop(self, slot: Slot) -> None:
-        """Empty a slot's or parked sequence's cache (the target's, and a slot's drafter state:
-        drafters keep nothing for parked sequences)."""
+        """Empty a slot's cache (the target's, and the drafter's state for it)."""
         self.target.seq_rm(slot.id, 0, -1)
         slot.cached = []
-        if self.drafter is not None and slot in self.slots:
+        if self.drafter is not None:
             self.drafter.release(slot.id)
-
-    def _touch(self, parked: Slot) -> None:
-        """The most recently used parked sequence goes last (the first is dropped first)."""
-        self.parked.remove(parked)
-        self.parked.append(parked)
 
     def _borrow(self, slot: Slot, prompt: list[int], donor: Slot, n: int) -> None:
         """The slot shares the donor's cells for the prompt's first n tokens. In a unified KV cache the
         cells are only tagged with both sequences, nothing is copied, and a later rollback of either
-        sequence leaves the other's tags alone. A parked donor the slot now holds nearly all of is
-        let go (it would only count its cells twice; the slot parks them again when it gives way)."""
+        sequence leaves the other's tags alone."""
         self.target.seq_rm(slot.id, 0, -1)
         self.target.seq_cp(donor.id, slot.id, 0, n)
         slot.cached = list(prompt[:n])
-        if donor in self.parked:
-            if len(donor.cached) - n < self.BORROW_MIN:
-                self.target.seq_rm(donor.id, 0, -1)
-                donor.cached = []
-            else:
-                self._touch(donor)
         if self.drafter is not None:
             self.drafter.release(slot.id)
-            if donor in self.slots:  # drafters keep nothing for parked sequences
-                self.drafter.share_prefix(donor.id, slot.id, prompt[:n])
+            self.drafter.share_prefix(donor.id, slot.id, prompt[:n])
 
     def _make_room(self, slot: Slot, need: int) -> None:
         """Room for `need` cells on `slot` (besides what the other slots hold), else PoolBusy."""
@@ -256,16 +260,16 @@ class Engine:
             raise PoolBusy(f"the context pool ({self.target.n_ctx:,} tokens) is held by requests in flight")
 
     def _free_cells(self, need: int, keep: set[int], mine: Slot | None = None) -> int:
-        """The slots share one KV pool: drop parked prompts (the least recently used first), then idle
-        slots' cached prefixes (never those in `keep`), until `need` cells are free; returns the cells
-        free (not counting `mine`'s own cache; cells two sequences share count twice)."""
-        held = self.slots + self.parked
-        free = self.target.n_ctx - sum(len(s.cached) for s in held if s is not mine)
-        for s in self.parked + self.slots:
+        """The slots share one KV pool: idle slots' cached prompts (never those in `keep`) go to host
+        memory, in slot order, until `need` cells are free; returns the cells free (not counting
+        `mine`'s own cache; cells two sequences share count twice)."""
+        free = self.target.n_ctx - sum(len(s.cached) for s in self.slots if s is not mine)
+        for s in self.slots:
             if free >= need:
                 break
             if s.id not in keep and s.request is None and s.cached:
                 free += len(s.cached)
+                self._save(s, [])
                 self._drop(s)
         return free
 

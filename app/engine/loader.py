@@ -19,6 +19,7 @@ from app.llama.context import Context, Model
 from app.plan.planner import Plan
 
 SUFFIX_TOKENS = 100_000  # recent requests' tokens the suffix index holds (about 12 MiB, measured)
+CACHE_RAM_MIB = 8192  # host memory for prompt caches whose slot was taken (llama-server's --cache-ram default)
 
 
 @dataclass
@@ -35,11 +36,18 @@ class Loaded:
                 c.model.close()
 
 
+def saved_bytes(plan: Plan, cache_ram_mib: int) -> int:
+    """Host memory for saved prompt caches: as asked, but at most half of what the plan leaves free."""
+    left = plan.host_available - (plan.used if plan.device == "cpu" else plan.host_used)
+    return max(0, min(cache_ram_mib * 2**20, left // 2))
+
+
 def load(plan: Plan, target: ModelInfo, draft: ModelInfo | None, threads: int, adaptive: bool = False,
-         suffix_tokens: int = SUFFIX_TOKENS) -> Loaded:
+         suffix_tokens: int = SUFFIX_TOKENS, cache_ram_mib: int = CACHE_RAM_MIB) -> Loaded:
     """Target and draft contexts from the plan, and an engine over them. `adaptive`: prompt lookup,
     the suffix index over recent requests (`suffix_tokens`; 0 = none) and the draft model behind the
-    controller, with costs calibrated on this machine now."""
+    controller, with costs calibrated on this machine now. `cache_ram_mib`: host memory for prompt
+    caches whose slot was taken (see `saved_bytes`)."""
     tm = Model(Path(target.path), plan.target.n_gpu_layers)
     tc = Context(tm, plan.target, threads)
     dc = None
@@ -50,7 +58,8 @@ def load(plan: Plan, target: ModelInfo, draft: ModelInfo | None, threads: int, a
         # verify decodes hold up to every slot's last token and drafts: their costs are measured too
         controller = Controller(calibrate(tc, dc, min(64, plan.parallel * (plan.draft_max + 1)) - 1))
     drafter = build_drafter("adaptive" if adaptive else "draft", dc, controller, suffix_tokens)
-    engine = Engine(tc, drafter, plan.parallel, draft_limit=plan.draft_max, costs=controller)
+    engine = Engine(tc, drafter, plan.parallel, draft_limit=plan.draft_max, costs=controller,
+                    saved_bytes=saved_bytes(plan, cache_ram_mib))
     return Loaded(engine, Tokenizer(tm, target.vocab.chat_template), tc, dc)
 
 

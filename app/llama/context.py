@@ -124,6 +124,24 @@ class Context:
         """Let `dst` share `src`'s cells for positions [p0, p1) (a unified cache copies nothing)."""
         llama_cpp.llama_memory_seq_cp(self.mem, src, dst, p0, p1)
 
+    def save_seq(self, seq: int) -> ctypes.Array:
+        """A copy of what the cache holds for one sequence (llama.cpp's sequence state, in host
+        memory): `load_seq` puts it back on any sequence, in whatever cells are free."""
+        size = int(llama_cpp.llama_state_seq_get_size(self.ptr, seq))
+        buf = (ctypes.c_uint8 * size)()
+        written = int(llama_cpp.llama_state_seq_get_data(self.ptr, buf, size, seq))
+        if written != size:
+            raise SpecdeckError(f"llama.cpp saved {written:,} of {size:,} bytes of sequence {seq}")
+        return buf
+
+    def load_seq(self, seq: int, data: ctypes.Array) -> bool:
+        """Replace sequence `seq`'s cache with a `save_seq` copy; False (and the sequence empty)
+        where llama.cpp refuses it (not enough free cells)."""
+        if int(llama_cpp.llama_state_seq_set_data(self.ptr, data, len(data), seq)) == 0:
+            self.seq_rm(seq, 0, -1)
+            return False
+        return True
+
     def pos_max(self, seq: int) -> int:
         return int(llama_cpp.llama_memory_seq_pos_max(self.mem, seq))
 

@@ -163,25 +163,13 @@ def _model_terms(role: str, info: ModelInfo, cs: M.ContextShape, ngl: int, devic
                         f"{info.n_recurrent_layers} layers x {cs.n_seq} slots x (1 + {cs.n_rs_seq} rollback snapshots)"))
     out.append(Term(f"{role} compute buffer", M.compute_bytes(info, cs), "device", f"n_ubatch {cs.n_ubatch}"))
     out.append(Term(f"{role} output buffer", M.output_bytes(info, cs), "host" if device == "cuda" else "device",
-                    f"{cs.n_outputs} logits rows x {cs.n_seq} slots"
-                    + (f" (at least one for each of {cs.n_seq + cs.n_parked} sequences)" if cs.n_parked else "")))
+                    f"{cs.n_outputs} logits rows x {cs.n_seq} slots"))
     return out
 
 
-# prompts cached beyond the slots: an agent's sub-agents and side requests outnumber the slots, and
-# a conversation whose slot was taken would be evaluated again from the start. Parked sequences hold
-# their cells in the unified pool only while it has room (the engine drops them first); each costs a
-# logits row. Only where cells can be shared (no sliding window, no recurrent state).
-PARKED = 8
-
-
-def parked_sequences(info: ModelInfo) -> int:
-    return 0 if info.n_swa_layers or info.n_recurrent_layers else PARKED
-
-
-def _shape(info: ModelInfo, c: Candidate, n_rs_seq: int, n_outputs: int, n_parked: int = 0) -> M.ContextShape:
+def _shape(info: ModelInfo, c: Candidate, n_rs_seq: int, n_outputs: int) -> M.ContextShape:
     return M.context_shape(c.ctx, c.parallel, c.type_k, c.type_v, n_ubatch=c.n_ubatch, flash_attn=True,
-                           n_rs_seq=n_rs_seq if info.n_recurrent_layers else 0, n_outputs=n_outputs, n_parked=n_parked)
+                           n_rs_seq=n_rs_seq if info.n_recurrent_layers else 0, n_outputs=n_outputs)
 
 
 # tokens per embedding input at most (one sequence, evaluated in one ubatch): a code chunk. llama.cpp
@@ -200,7 +188,7 @@ def evaluate(target: ModelInfo, draft: ModelInfo | None, c: Candidate, device: D
              buffers: tuple[str, ...] = ("CPU_REPACK",), embedder: ModelInfo | None = None) -> Plan:
     """The full budget for one candidate: every term, and whether it fits."""
     t_ngl = target.n_layers + 1 if c.n_gpu_layers is None else c.n_gpu_layers
-    t_cs = _shape(target, c, c.draft_max, c.draft_max + 1, parked_sequences(target))
+    t_cs = _shape(target, c, c.draft_max, c.draft_max + 1)
     terms = _model_terms("target", target, t_cs, t_ngl if device == "cuda" else 0, device, buffers)
     d_params = None
     if draft is not None:
@@ -218,7 +206,7 @@ def evaluate(target: ModelInfo, draft: ModelInfo | None, c: Candidate, device: D
         terms += _extra_copies("target", target, t_ngl, buffers, "host", "CPU layers")
     terms.append(Term("runtime reserve", reserve, "device", "CUDA context, driver, display" if device == "cuda" else "Python, libraries, server"))
     terms.append(Term("safety margin", margin, "device"))
-    t_params = ModelParams(t_cs.n_ctx, t_cs.n_batch, t_cs.n_ubatch, c.parallel + t_cs.n_parked, True, c.type_k,
+    t_params = ModelParams(t_cs.n_ctx, t_cs.n_batch, t_cs.n_ubatch, c.parallel, True, c.type_k,
                            c.type_v, True,
                            False, t_cs.n_rs_seq, t_ngl if device == "cuda" else 0)
     plan = Plan(device, budget, budget_source, terms, False, c.ctx, ctx_wanted, c.parallel, c.draft_max,

@@ -67,17 +67,16 @@ class ContextShape:
     swa_full: bool = False
     n_rs_seq: int = 0
     n_outputs: int = 1  # most logits rows per sequence asked for at once
-    n_parked: int = 0  # sequences beyond the slots that only hold cached prompts (n_seq_max = n_seq + this)
 
 
 def context_shape(
     n_ctx: int, n_seq: int, type_k: str, type_v: str, n_batch: int = 2048, n_ubatch: int = 512,
-    flash_attn: bool = True, swa_full: bool = False, n_rs_seq: int = 0, n_outputs: int = 1, n_parked: int = 0,
+    flash_attn: bool = True, swa_full: bool = False, n_rs_seq: int = 0, n_outputs: int = 1,
 ) -> ContextShape:
     """llama.cpp's adjustments to a requested context (unified KV pool)."""
     batch = min(n_ctx, n_batch)
     return ContextShape(pad(n_ctx, CTX_PAD), batch, min(batch, n_ubatch), max(1, n_seq), type_k, type_v,
-                        flash_attn, swa_full, n_rs_seq, n_outputs, n_parked)
+                        flash_attn, swa_full, n_rs_seq, n_outputs)
 
 
 # -- KV cache and recurrent state --------------------------------------------------------------
@@ -288,4 +287,4 @@ def _recurrent_phase(info: ModelInfo, cs: ContextShape, mask: int) -> int:
 def output_bytes(info: ModelInfo, cs: ContextShape) -> int:
     """llama.cpp reserves a logits row per sequence (n_seq_max) at start and grows the buffer to the
     most rows a decode asks for."""
-    return 4 * info.vocab.size * max(cs.n_seq + cs.n_parked, cs.n_seq * max(1, cs.n_outputs))
+    return 4 * info.vocab.size * cs.n_seq * max(1, cs.n_outputs)

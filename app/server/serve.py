@@ -199,7 +199,8 @@ def serve(settings: ServeSettings, plan: Plan, target: ModelInfo, draft: ModelIn
 
     def loader() -> None:
         try:
-            state["loaded"] = load(plan, target, draft, threads, adaptive=settings.speculative, suffix_tokens=settings.suffix_tokens)
+            state["loaded"] = load(plan, target, draft, threads, adaptive=settings.speculative, suffix_tokens=settings.suffix_tokens,
+                                   cache_ram_mib=settings.cache_ram)
             if embedder is not None and plan.embedding is not None:
                 service.embedder = Embedder(embedder, plan.embedding, threads)
             attach(service, state["loaded"], settings, app.state.count)

@@ -39,6 +39,8 @@ class ServeSettings(BaseSettings):
                                      json_schema_extra={"flag": "--alias"})
     suffix_tokens: int = Field(100_000, ge=0, le=10_000_000,
                                description="recent requests' tokens the suffix drafter indexes (about 125 bytes each; 0: off)")
+    cache_ram: int = Field(8192, ge=0, le=2**20, description="MiB of host memory for the prompt caches of slots "
+                           "taken by other requests (0: off; at most half the memory the plan leaves free)")
     slots_endpoint: bool = Field(False, description="serve llama-server's GET /slots (per-slot state)",
                                  json_schema_extra={"flag": "--slots"})
 
@@ -55,7 +57,7 @@ class ServeSettings(BaseSettings):
 
     # the fields `serve`, `up` and `doctor` take as flags (the API key never is one)
     FLAGS: typing.ClassVar[tuple[str, ...]] = ("host", "port", "max_queue", "cors_origins", "speculative", "log_prompts",
-                                               "draft_max", "strict_model", "model_aliases", "slots_endpoint", "suffix_tokens",
+                                               "draft_max", "strict_model", "model_aliases", "slots_endpoint", "suffix_tokens", "cache_ram",
                                                "tls_cert", "tls_key", "allow_from", "trusted_proxies",
                                                "access_log", "access_log_max_mb", "access_log_files")
 
