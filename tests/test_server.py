@@ -111,6 +111,10 @@ def test_prompts_in_turn_are_each_served_from_cache(tiny_server):
     for body in bodies:
         r = httpx.post(url, json=body, timeout=60).json()
         assert r["timings"]["prompt_cached"] >= r["usage"]["prompt_tokens"] - 1, r["timings"]
+    metrics = httpx.get(tiny_server.url + "/metrics").text
+    held = {line.split()[0]: float(line.split()[1]) for line in metrics.splitlines()
+            if line.startswith("specdeck_prompt_cache_host")}
+    assert held["specdeck_prompt_cache_host_prompts"] >= 2 and held["specdeck_prompt_cache_host_bytes"] > 0, held
 
 
 def test_queue_limit_and_disconnect(tiny_server):

@@ -274,6 +274,9 @@ def refresh_gauges(service: Service, metrics: Metrics) -> list:
     metrics.ram_used.set(psutil.Process().memory_info().rss)
     metrics.queue_limit.set(service.scheduler.max_queue)
     metrics.slots.set(len(service.scheduler.engine.slots))
+    saved = service.scheduler.engine.saved
+    metrics.saved_bytes.set(saved.nbytes)
+    metrics.saved_prompts.set(len(saved))
     if service.plan.get("device") == "cuda":
         metrics.vram_planned.set(service.plan.get("used") or 0)
     gpus = read_gpus()

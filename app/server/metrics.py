@@ -27,6 +27,10 @@ class Metrics:
         self.ram_used = Gauge("specdeck_process_rss_bytes", "Resident memory of the server", registry=r)
         self.queue_limit = Gauge("specdeck_queue_limit", "Requests the queue holds before 429 (--max-queue)", registry=r)
         self.slots = Gauge("specdeck_slots", "Slots the server has (the plan's parallel)", registry=r)
+        self.saved_bytes = Gauge("specdeck_prompt_cache_host_bytes",
+                                 "Host memory held by prompt caches of taken slots (--cache-ram)", registry=r)
+        self.saved_prompts = Gauge("specdeck_prompt_cache_host_prompts", "Prompt caches of taken slots in host memory",
+                                   registry=r)
         self.vram_planned = Gauge("specdeck_vram_planned_bytes", "GPU memory the plan sized the server for", registry=r)
         self.alert = Gauge("specdeck_alert", "1 while the named alert is raised", ["name"], registry=r)
         gpu = ["gpu"]
