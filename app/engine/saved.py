@@ -24,7 +24,7 @@ from app.engine.kv import common_prefix
 class Saved:
     owner: str
     tokens: list[int]  # exactly what `data` holds
-    data: Any  # the sequence state (a buffer with a len(): its size in bytes)
+    data: Any  # the sequence state (Context.save_seq's buffer; its len() is its size in bytes)
 
     @property
     def nbytes(self) -> int:
@@ -47,7 +47,7 @@ class SavedPrompts:
         hit = next((e for e in self.entries if e.owner == owner and len(e.tokens) >= len(tokens)
                     and common_prefix(e.tokens, tokens) == len(tokens)), None)
         if hit is not None:
-            self._touch(hit)
+            self.touch(hit)
         return hit is not None
 
     def best(self, owner: str, prompt: Sequence[int]) -> tuple[Saved, int] | None:
@@ -73,15 +73,8 @@ class SavedPrompts:
         self.nbytes += entry.nbytes
         return True
 
-    def clear(self) -> None:
-        self.entries.clear()
-        self.nbytes = 0
-
     def touch(self, entry: Saved) -> None:
         """Mark an entry used (the last to be evicted)."""
-        self._touch(entry)
-
-    def _touch(self, entry: Saved) -> None:
         self.entries.remove(entry)
         self.entries.append(entry)
 
