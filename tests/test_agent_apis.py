@@ -244,8 +244,8 @@ def test_openai_request_semantics(api):
     r = c.post("/v1/completions", json={"prompt": "a b c", "max_tokens": -1, "seed": -1, "echo": True}).json()
     assert r["choices"][0]["text"].startswith("a b c") and r["usage"]["completion_tokens"] > 0
     assert r["system_fingerprint"].startswith("fp_") and "cached_tokens" in r["usage"]["prompt_tokens_details"]
-    n = c.post("/v1/completions", json={"prompt": "a b c", "n_predict": 3}).json()
-    assert n["usage"]["completion_tokens"] == 3
+    n = c.post("/v1/completions", json={"prompt": "a b c", "n_predict": 3, "ignore_eos": True}).json()
+    assert n["usage"]["completion_tokens"] == 3  # the alias is the limit (the tiny model may sample its end token early)
     msgs = [{"role": "user", "content": "a b"}, {"role": "assistant", "content": "c the"}]
     pre = c.post("/v1/chat/completions", json={"messages": msgs, "max_tokens": 3, "temperature": 0}).json()
     plain = c.post("/v1/completions", json={"prompt": "<|user|>a b<|assistant|>c the", "max_tokens": 3, "temperature": 0}).json()
