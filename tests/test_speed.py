@@ -71,6 +71,25 @@ def test_a_new_request_drafts_longer_only_as_its_own_drafts_are_kept_whole():
     assert c.choose("lookup-32", 16, 2e-5, seq=0).k == UNPROVEN_K_MAX
 
 
+def test_a_longer_draft_that_costs_no_more_than_the_trusted_one_is_allowed():
+    """Where the kernels take tokens in blocks (a 2-core CPU verified 16 tokens in the time of 12),
+    the request's trust bounds the verify's cost, not the draft's length."""
+    steps = CostModel(verify={1: 0.069, 4: 0.109, 5: 0.141, 12: 0.240, 13: 0.250, 16: 0.232, 24: 0.361})
+    c = Controller(steps, learn_costs=False)
+    c.new_request(0)
+    for _ in range(30):
+        c.observe("lookup-32", 12, 12)
+    c.observe("lookup-32", 3, 3, seq=0)  # kept whole: trusted with 12 now
+    assert c.trusted(0) == 12
+    assert c.choose("lookup-32", 48, 2e-5, seq=0).k == 15  # 16 tokens verify faster than 13
+    linear = Controller(CostModel(verify={1: 0.07, 48: 3.36}), learn_costs=False)
+    linear.new_request(0)
+    for _ in range(30):
+        linear.observe("lookup-32", 12, 12)
+    linear.observe("lookup-32", 3, 3, seq=0)
+    assert linear.choose("lookup-32", 48, 2e-5, seq=0).k <= 12
+
+
 def test_a_long_verbatim_match_is_tried_before_any_trial_a_short_one_is_not():
     c = Controller(CostModel(verify={1: 0.040, 2: 0.072, 3: 0.098, 4: 0.128, 5: 0.152}))  # measured on a 2-core x86 machine (commit 7516c03)
     AdaptiveDrafter(c, LookupDrafter(), None)  # registers the lookup priors
