@@ -12,14 +12,16 @@ from app.engine.controller import Candidate, Choice, Controller
 from app.engine.drafters.base import Ask, Draft, DrafterBase
 from app.engine.drafters.lookup import LOOKUP_PRIORS, LookupDrafter, lookup_key
 from app.engine.drafters.model import ModelDrafter
+from app.engine.drafters.resume import Resume, resume_key
 from app.engine.drafters.suffix import SUFFIX_PRIORS, Match, SuffixDrafter, suffix_key
 from app.engine.sampling import SamplingParams
 
 
 class AdaptiveDrafter(DrafterBase):
     """Text found earlier first (free): prompt lookup in the request, or the suffix index over
-    recent requests where it matches deeper; else the draft model; each only with the draft length
-    the controller expects to beat plain decoding on this machine (often none)."""
+    recent requests where it matches deeper, or, right after the answer parted from such a text, that
+    text picked up again (`Resume`); else the draft model; each only with the draft length the
+    controller expects to beat plain decoding on this machine (often none)."""
 
     name = "adaptive"
     LOOKUP_COST = 2e-5  # seconds per proposed token: a dictionary lookup
@@ -35,11 +37,15 @@ class AdaptiveDrafter(DrafterBase):
         controller.group = match_group
         # per sequence, the text proposal of its last step that was not drafted: (key, position, tokens)
         self._shadow: dict[int, tuple[str, int, list[int]]] = {}
+        # per sequence, its last text draft's whole proposal and where it started: where the target
+        # parts from it, `resume` keeps what came after the token not kept
+        self._proposed: dict[int, tuple[int, list[int]]] = {}
+        self.resume = Resume()
 
     def begin_request(self, seq: int, partition: str | None = "") -> None:
         """A new request on this sequence: its own acceptance estimates start again."""
         self.controller.new_request(seq)
-        self._shadow.pop(seq, None)
+        self._forget(seq)
         if self.suffix is not None:
             self.suffix.begin_request(seq, partition)
 
@@ -98,16 +104,23 @@ class AdaptiveDrafter(DrafterBase):
     def _found(self, a: Ask) -> tuple[tuple[str, Match], tuple[str, Match]]:
         """Text that may come next, first and second: the suffix index's continuation where it matched
         deeper than prompt lookup's, else lookup's; the other where both matched and they differ (a
-        regenerated module: the prompt holds the old code, an earlier answer the new). The suffix
+        regenerated module: the prompt holds the old code, an earlier answer the new). A copy the
+        answer just parted from, picked up again, comes before a shallow match, or where one of them
+        found nothing. The suffix
         index is kept in step with every history, drafting or not."""
         none = ("none", Match([]))
         deep = self.suffix.match(a.seq, a.history, a.k) if self.suffix is not None else Match([])
-        if self.lookup is None or a.k <= 0:
-            return (("suffix", deep) if deep.tokens else none), none
-        tokens, n = self.lookup.lookup(a.seq, a.history, a.k)
+        tokens, n = self.lookup.lookup(a.seq, a.history, a.k) if self.lookup is not None else ([], 0)
         near = ("lookup", Match(tokens, n)) if tokens else none
         far = ("suffix", deep) if deep.tokens else none
         first, second = (far, near) if deep.tokens and (not tokens or deep.depth > n) else (near, far)
+        resumed = self.resume.propose(a.seq, a.history, a.k)
+        if resumed.tokens:
+            again = ("resume", Match(resumed.tokens, resumed.depth))
+            if not first[1].tokens or first[1].depth < SHALLOW:  # before a match that may be chance
+                first, second = again, first
+            elif not second[1].tokens:
+                second = again
         return first, (second if second[1].tokens[:1] != first[1].tokens[:1] else none)
 
     def _model_cost(self) -> float:
@@ -133,6 +146,7 @@ class AdaptiveDrafter(DrafterBase):
         if choice.k <= 0 or x.key == "none":
             return Draft([], source="none", choice=choice)
         if x.key != "draft-model":
+            self._proposed[a.seq] = (len(a.history), m.tokens)
             return Draft(m.tokens[: choice.k], None, source=source, match_len=m.depth, support=m.count, choice=choice)
         behind = self.model.behind(a.seq, a.history)
         t = time.perf_counter()
@@ -152,9 +166,13 @@ class AdaptiveDrafter(DrafterBase):
             costs.observe_prefill(max(seconds - drafted * (costs.draft or 0.0), 0.0) / behind)
 
     def accepted(self, seq: int, draft: Draft, n_accepted: int) -> None:
-        if draft.source in ("lookup", "suffix"):
+        if draft.source in TEXT_SOURCES:
             key = text_key(draft.source, Match(draft.tokens, draft.match_len, draft.support))
             self.controller.observe(key, len(draft.tokens), n_accepted, seq)
+            start, proposed = self._proposed.pop(seq, (0, []))
+            copying = draft.source == "resume" or draft.match_len >= SHALLOW  # a copy, not a chance phrase
+            if copying and n_accepted < len(draft.tokens) and proposed[: len(draft.tokens)] == draft.tokens:
+                self.resume.parted(seq, start + n_accepted, proposed[n_accepted + 1:])
         else:
             self.controller.observe(draft.source, len(draft.tokens), n_accepted)
 
@@ -166,11 +184,21 @@ class AdaptiveDrafter(DrafterBase):
         for d in (self.lookup, self.model, self.suffix):
             if d is not None:
                 d.release(seq)
+        self._forget(seq)
+
+    def _forget(self, seq: int) -> None:
         self._shadow.pop(seq, None)
+        self._proposed.pop(seq, None)
+        self.resume.forget(seq)
+
+
+TEXT_SOURCES = ("lookup", "suffix", "resume")  # drafters that copy text (the controller learns them per match)
 
 
 def text_key(source: str, m: Match) -> str:
     """The bucket the controller learns a text match's acceptance for."""
+    if source == "resume":
+        return resume_key(m.depth)
     return suffix_key(m.depth, m.count) if source == "suffix" else lookup_key(m.depth)
 
 
