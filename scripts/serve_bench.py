@@ -16,7 +16,9 @@ cache is per key too, so before each measurement the new key sends the measureme
 `/completion` with `n_predict` 0 (untimed: the prompts cached, nothing generated, no answer indexed), as llama-server's
 cache holds them from the warm-up both servers get. Each ratio is taken per
 round (the two servers measured back to back, who goes first alternating), then the median of the
-rounds with its min and max. Then time to first token for a ~2.6K-token prompt sent cold and then
+rounds with its min and max; the same for the requests' mean latency (llama-server's over
+specdeck's: a server that finishes one request early shortens it, while tokens/s counts until the
+last request ends). Then time to first token for a ~2.6K-token prompt sent cold and then
 again (the prompt cache). Loopback only; bounded counts; stops by itself.
 """
 
@@ -80,14 +82,21 @@ def coding_prompts(target: Path, items: list[dict] | None = None) -> list[str]:
             for item in (BUILTIN_PROMPTS if items is None else items)]
 
 
-def aggregate(url: str, streams: int, tokens: int, prompts: list[str] | None = None) -> float:
+def aggregate(url: str, streams: int, tokens: int, prompts: list[str] | None = None) -> tuple[float, float]:
     """Generated tokens per second over all requests, `streams` of them at a time (by default one
-    short code prompt per client)."""
+    short code prompt per client), and the requests' mean latency in seconds. Tokens/s counts until
+    the last request ends; the mean latency counts each request's own wait, so a request that a
+    server finishes early shortens it even where the others still run."""
     prompts = helper_prompts(streams) if prompts is None else prompts
+
+    def timed(p: str) -> tuple[int, float]:
+        t = time.perf_counter()
+        return complete(url, p, tokens), time.perf_counter() - t
+
     t = time.perf_counter()
     with concurrent.futures.ThreadPoolExecutor(streams) as pool:
-        counts = list(pool.map(lambda p: complete(url, p, tokens), prompts))
-    return sum(counts) / (time.perf_counter() - t)
+        done = list(pool.map(timed, prompts))
+    return sum(n for n, _ in done) / (time.perf_counter() - t), statistics.mean(s for _, s in done)
 
 
 def prime(url: str, prompts: list[str]) -> None:
@@ -164,6 +173,7 @@ def main() -> int:
         for name, command in commands.items():
             running[name] = start(command)
         samples: dict = {name: {n: [] for n in (1, 2, 4)} for name in running}
+        latency: dict = {name: {n: [] for n in (1, 2, 4)} for name in running}  # mean seconds a request
         for url, _proc in running.values():  # both evaluate the bench prompts once (their prompt caches)
             aggregate(url, 4, 1, prompts)
         DRAFTS.clear()
@@ -176,12 +186,15 @@ def main() -> int:
                 for name in order:
                     if name == "specdeck":
                         prime(running[name][0], prompts if prompts is not None else helper_prompts(n))
-                    samples[name][n].append(aggregate(running[name][0], n, args.tokens, prompts))
+                    tok_s, wait = aggregate(running[name][0], n, args.tokens, prompts)
+                    samples[name][n].append(tok_s)
+                    latency[name][n].append(wait)
             order.reverse()  # ABBA: who goes first alternates, so a drift falls on both sides
         results = {}
         for name, (url, _proc) in running.items():
             results[name] = {f"streams_{n}": statistics.median(v) for n, v in samples[name].items()}
             results[name].update({f"streams_{n}_all": v for n, v in samples[name].items()})
+            results[name].update({f"latency_{n}_s": statistics.median(v) for n, v in latency[name].items()})
             drafted, accepted = DRAFTS.get(url, [0, 0])
             results[name].update({"drafted": drafted, "accepted": accepted})
             if not args.no_ttft:
@@ -198,6 +211,9 @@ def main() -> int:
         for n in (1, 2, 4):
             median, lo, hi = paired(samples["specdeck"][n], samples["llama_server_np4"][n])
             results["ratios"].update({f"streams_{n}": median, f"streams_{n}_min_max": [lo, hi]})
+            # mean request latency, llama-server's over specdeck's: above 1, specdeck's requests end sooner
+            median, lo, hi = paired(latency["llama_server_np4"][n], latency["specdeck"][n])
+            results["ratios"].update({f"latency_{n}": median, f"latency_{n}_min_max": [lo, hi]})
     if args.json:
         print(json.dumps(results, indent=1))
     else:
