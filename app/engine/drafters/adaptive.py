@@ -106,8 +106,7 @@ class AdaptiveDrafter(DrafterBase):
         deeper than prompt lookup's, else lookup's; the other where both matched and they differ (a
         regenerated module: the prompt holds the old code, an earlier answer the new). A copy the
         answer just parted from, picked up again, comes before a shallow match, or where one of them
-        found nothing. The suffix
-        index is kept in step with every history, drafting or not."""
+        found nothing. The suffix index is kept in step with every history, drafting or not."""
         none = ("none", Match([]))
         deep = self.suffix.match(a.seq, a.history, a.k) if self.suffix is not None else Match([])
         tokens, n = self.lookup.lookup(a.seq, a.history, a.k) if self.lookup is not None else ([], 0)
