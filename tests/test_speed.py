@@ -82,6 +82,9 @@ def test_a_longer_draft_that_costs_no_more_than_the_trusted_one_is_allowed():
     c.observe("lookup-32", 3, 3, seq=0)  # kept whole: trusted with 12 now
     assert c.trusted(0) == 12
     assert c.choose("lookup-32", 48, 2e-5, seq=0).k == 15  # 16 tokens verify faster than 13
+    c.learn_costs = True
+    c.observe_verify(16, 1.0)  # 16 tokens measured slower now: the limit follows the costs
+    assert c.choose("lookup-32", 48, 2e-5, seq=0).k == 12
     linear = Controller(CostModel(verify={1: 0.07, 48: 3.36}), learn_costs=False)
     linear.new_request(0)
     for _ in range(30):

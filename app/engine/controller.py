@@ -167,11 +167,13 @@ class Controller:
         # keys whose evidence a request shares (shallow matches: one that misses says this request's
         # text is not what made them good before); key -> group name, or None for a key of its own
         self.group: Callable[[str], str | None] = lambda key: None
+        self._limits: dict[tuple[int, int], int] = {}  # (trusted, k_max) -> limit, until the costs change
 
     def observe_verify(self, n: int, seconds: float) -> None:
         """The engine's cost observer: a real verify decode of n tokens took `seconds`."""
         if self.learn_costs:
             self.costs.observe_verify(n, seconds)
+            self._limits.clear()
 
     def alpha(self, key: str, seq: int | None = None) -> float:
         """The request's own estimate for this key where it has one, capped by what the request's
@@ -262,9 +264,13 @@ class Controller:
         trusted = self.trusted(x.seq)
         if trusted >= x.k_max:
             return x.k_max
-        c = self.costs.c_verify
-        budget = c(trusted + 1)
-        return max(k for k in range(trusted, x.k_max + 1) if k == trusted or c(k + 1) <= budget)
+        limit = self._limits.get((trusted, x.k_max))
+        if limit is None:  # a scan of the cost model: once per step, not per plan and probe
+            c = self.costs.c_verify
+            budget = c(trusted + 1)
+            limit = max(k for k in range(trusted, x.k_max + 1) if k == trusted or c(k + 1) <= budget)
+            self._limits[(trusted, x.k_max)] = limit
+        return limit
 
     def probe_idle(self, cands: Sequence[Candidate], choices: list[Choice]) -> list[Choice]:
         """The step's final choices, where a drafter that has not drafted for `probe_every` steps
