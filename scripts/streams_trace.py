@@ -25,8 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from app.commands.common import catalog_from_args, local_path, make_fetcher, make_selection  # noqa: E402
-from app.commands.equivalence import BUILTIN_PROMPTS  # noqa: E402
-from app.commands.up import prompt_ids  # noqa: E402
+from app.commands.equivalence import BUILTIN_PROMPTS, prompt_tokens  # noqa: E402
 from app.engine.engine import Engine, Request, SpecParams  # noqa: E402
 from app.engine.loader import load  # noqa: E402
 from app.gguf.info import read_model_info  # noqa: E402
@@ -43,7 +42,7 @@ class Run:
         self.t_verify = 0.0
         self.by_drafter: dict[str, list[int]] = collections.defaultdict(lambda: [0, 0, 0])  # slot-steps, drafted, kept
         self.verify: dict[int, list[float]] = collections.defaultdict(list)  # batch tokens -> step verify seconds
-        self.drafted: list[tuple[int, int, int, str]] = []  # per drafted slot-step: sequences in the step, drafted, kept, drafter
+        self.drafted: list[tuple[int, int, int]] = []  # per drafted slot-step: sequences in the step, drafted, kept
 
 
 def run(engine: Engine, prompts: list[list[int]], tokens: int, speculative: bool, n_max: int, tag: str) -> Run:
@@ -69,7 +68,7 @@ def run(engine: Engine, prompts: list[list[int]], tokens: int, speculative: bool
             d[1] += r.drafted
             d[2] += r.accepted
             if r.drafted:
-                out.drafted.append((len(records), r.drafted, r.accepted, r.drafter))
+                out.drafted.append((len(records), r.drafted, r.accepted))
         done = {r.slot for r in records if r.finish_reason is not None}
         for s in [s for s in live if s.id in done]:
             engine.finish(s, "length")
@@ -100,7 +99,7 @@ def main() -> int:
     try:
         tok = loaded.tokenizer
         items = (BUILTIN_PROMPTS * args.streams)[: args.streams]
-        prompts = [prompt_ids(tok, item["messages"]) if "messages" in item else tok.encode(item["prompt"]) for item in items]
+        prompts = [prompt_tokens(tok, item) for item in items]
         costs = loaded.engine.costs.costs
         model_before = {n: costs.c_verify(n) for n in (1, 2, 4, 5, 6, 8, 12, 16, 24, 32)}
         print(f"{args.streams} streams, {args.tokens} tokens each, draft_max {plan.draft_max}; prompts: "
@@ -132,7 +131,7 @@ def main() -> int:
                   f"{model_before.get(n, float('nan')) * 1e3:7.1f} | {costs.c_verify(n) * 1e3:7.1f}")
         if args.steps:
             for x in results["spec"]:
-                print("  drafted steps (sequences, drafted, kept):", " ".join(f"{b}:{d}/{a}" for b, d, a, _ in x.drafted))
+                print("  drafted steps (sequences, drafted, kept):", " ".join(f"{b}:{d}/{a}" for b, d, a in x.drafted))
         print(f"draft model: {costs.draft * 1e3 if costs.draft else float('nan'):.1f} ms a token")
     finally:
         loaded.close()

@@ -115,7 +115,7 @@ class AdaptiveDrafter(DrafterBase):
         first, second = (far, near) if deep.tokens and (not tokens or deep.depth > n) else (near, far)
         resumed = self.resume.propose(a.seq, a.history, a.k)
         if resumed.tokens:
-            again = ("resume", Match(resumed.tokens, resumed.depth))
+            again = ("resume", resumed)
             if not first[1].tokens or first[1].depth < SHALLOW:  # before a match that may be chance
                 first, second = again, first
             elif not second[1].tokens:

@@ -20,6 +20,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from app.engine.drafters.suffix import Match
+
 WINDOW = 8  # tokens of the source searched, and tokens after the change it waits for the copy to resume
 
 
@@ -27,12 +29,6 @@ WINDOW = 8  # tokens of the source searched, and tokens after the change it wait
 class Parted:
     at: int  # history position of the token the target chose instead of the draft's
     tail: list[int]  # the source's text after the draft token that was not kept
-
-
-@dataclass
-class Resumed:
-    tokens: list[int]
-    depth: int  # the answer's last tokens since the change that agree with the source (0: the guess right after it)
 
 
 class Resume:
@@ -48,15 +44,17 @@ class Resume:
         else:
             self._parted.pop(seq, None)
 
-    def propose(self, seq: int, history: Sequence[int], k: int) -> Resumed:
-        """Up to k tokens where the source may go on after what the history holds since the change."""
+    def propose(self, seq: int, history: Sequence[int], k: int) -> Match:
+        """Up to k tokens where the source may go on after what the history holds since the change;
+        the match's depth is how many of the answer's last tokens since the change agree with the
+        source (0: the guess right after the change)."""
         p = self._parted.get(seq)
         if p is None or k <= 0:
-            return Resumed([], 0)
+            return Match([])
         since = history[p.at:]
         if not since or len(since) > self.window:
             self._parted.pop(seq, None)
-            return Resumed([], 0)
+            return Match([])
         best, depth = -1, 0
         for i in range(min(len(p.tail) - 1, self.window)):  # the answer's last token at tail[i], text after it
             if p.tail[i] == since[-1]:
@@ -64,10 +62,10 @@ class Resume:
                 if d > depth:
                     best, depth = i, d
         if best >= 0:
-            return Resumed(p.tail[best + 1: best + 1 + k], depth)
+            return Match(p.tail[best + 1: best + 1 + k], depth)
         if len(since) == 1:  # right after the change: the source as if it replaced one token
-            return Resumed(p.tail[:k], 0)
-        return Resumed([], 0)
+            return Match(p.tail[:k], 0)
+        return Match([])
 
     def forget(self, seq: int) -> None:
         self._parted.pop(seq, None)
