@@ -106,6 +106,14 @@ def _flag_type(annotation) -> type:
     return annotation if annotation in (int, float, str, bool) else str
 
 
+def _flag_choices(annotation) -> list[str] | None:
+    """A Literal field's values (argparse then names them in the error for any other)."""
+    args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType) and args:
+        return _flag_choices(args[0])
+    return [str(a) for a in args] if typing.get_origin(annotation) is typing.Literal else None
+
+
 def add_flags(parser: argparse.ArgumentParser, model: type[BaseModel], names: Sequence[str], prefix: str = "") -> None:
     """Add `--field-name` flags for these fields of `model` (`--<prefix>-field-name` with a prefix).
     A flag not given leaves None, so the config file, the environment and the field's default apply
@@ -126,7 +134,9 @@ def add_flags(parser: argparse.ArgumentParser, model: type[BaseModel], names: Se
         elif kind is list:
             parser.add_argument(flag, dest=dest, action="append", default=None, metavar=metavar, help=help_ + " (repeatable)")
         else:
-            parser.add_argument(flag, dest=dest, type=kind, default=None, metavar=metavar, help=help_)
+            choices = _flag_choices(field.annotation)
+            parser.add_argument(flag, dest=dest, type=kind, default=None, metavar=metavar if choices is None else None,
+                                choices=choices, help=help_)
 
 
 def given(args: argparse.Namespace, model: type[BaseModel], prefix: str = "") -> dict:

@@ -12,8 +12,8 @@ from app.llama.params import ModelParams
 TOL = 1.0  # llama.cpp batch-shape numerics (FACTS.md: up to ~0.8 measured)
 
 
-def ctx_for(model, n_ctx=2048, n_seq=1):
-    return Context(model, ModelParams(n_ctx, 512, 512, n_seq, True, "f16", "f16", True, False, 0, 0), 2)
+def ctx_for(model, n_ctx=2048, n_seq=1, flash_attn=True):
+    return Context(model, ModelParams(n_ctx, 512, 512, n_seq, True, "f16", "f16", flash_attn, False, 0, 0), 2)
 
 
 def next_logits(ctx, tokens):
@@ -83,9 +83,10 @@ def test_swa_prefix_reuse_inside_the_window_keeps_the_cache(gemma):
     assert np.max(np.abs(next_logits(ctx, b) - fresh_logits(gemma, b))) < TOL
 
 
-def test_speculative_rollback_on_a_sliding_window_model(gemma):
+@pytest.mark.parametrize("flash_attn", [True, False], ids=["fa", "no-fa"])  # no-fa: a CPU plan's default
+def test_speculative_rollback_on_a_sliding_window_model(gemma, flash_attn):
     """Gemma as its own draft past the window: every rollback is short and the cache stays right."""
-    tc, dc = ctx_for(gemma), ctx_for(gemma)
+    tc, dc = ctx_for(gemma, flash_attn=flash_attn), ctx_for(gemma, flash_attn=flash_attn)
     eng = Engine(tc, ModelDrafter(dc), 1)
     prompt = long_prompt(700)
     steps = list(eng.generate(Request(prompt=prompt, max_tokens=40, speculative=SpecParams(n_max=4), trace=True)))
@@ -97,9 +98,10 @@ def test_speculative_rollback_on_a_sliding_window_model(gemma):
     assert np.max(np.abs(next_logits(tc, tokens) - fresh_logits(gemma, tokens))) < TOL
 
 
-def test_qwen_pair_greedy_speculation(real_pair):
+@pytest.mark.parametrize("flash_attn", [True, False], ids=["fa", "no-fa"])
+def test_qwen_pair_greedy_speculation(real_pair, flash_attn):
     tm, dm = Model(real_pair.target), Model(real_pair.draft)
-    eng = Engine(ctx_for(tm), ModelDrafter(ctx_for(dm)), 1)
+    eng = Engine(ctx_for(tm, flash_attn=flash_attn), ModelDrafter(ctx_for(dm, flash_attn=flash_attn)), 1)
     prompt = [151644, 872, 198] + [750, 374, 264, 1273, 13, 9645, 264, 13027, 729, 429, 16211, 264, 1140, 13] + [151645, 198, 151644, 77091, 198]
     plain = [t for s in eng.generate(Request(prompt=prompt, max_tokens=48, speculative=SpecParams(enabled=False), stop_tokens={151645})) for t in s.tokens]
     steps = list(eng.generate(Request(prompt=prompt, max_tokens=48, speculative=SpecParams(n_max=6), stop_tokens={151645}, trace=True)))

@@ -27,6 +27,7 @@ CASES = [  # (n_ctx, n_ubatch, n_seq, type_k, type_v, flash_attn)
     (2000, 512, 1, "f16", "f16", True),
     (30000, 256, 2, "q8_0", "q8_0", True),
     (8192, 512, 1, "f16", "f16", False),
+    (16384, 256, 4, "f16", "f16", False),  # a CPU plan's default now (flash attention off)
     (5000, 128, 3, "q4_0", "q4_0", True),
     (12000, 256, 1, "q8_0", "f16", True),
 ]
@@ -181,6 +182,27 @@ def test_cpu_pair_planned_in_ram(real_pair):
     assert any(x.name == "target CPU repack copy" and x.bytes > 0 for x in plan.terms)
     with pytest.raises(PlanError, match="nothing fits"):
         make_plan(t, d, PlanRequest(ram=2 * GiB, ctx=32768, ctx_is_user_choice=True), NO_GPU, None)
+
+
+def test_flash_attention_off_on_a_cpu_unless_only_it_fits(real_pair, infos):
+    t, d = read_model_info(real_pair.target), read_model_info(real_pair.draft)
+    plan = lambda ram=8 * GiB, **kw: make_plan(t, d, PlanRequest(ram=ram, ctx=32768, ctx_is_user_choice=True,  # noqa: E731
+                                                                 parallel=1, **kw), NO_GPU, None)
+    auto = plan()
+    assert (auto.target.flash_attn, auto.draft.flash_attn) == (False, False)
+    assert plan(flash_attn="on").target.flash_attn is True
+    # a quantized V cache needs it: auto takes it, an explicit off is refused with the reason
+    assert plan(cache_type_k="q8_0", cache_type_v="q8_0").target.flash_attn is True
+    with pytest.raises(PlanError, match="quantized V cache needs flash attention"):
+        plan(cache_type_k="q8_0", cache_type_v="q8_0", flash_attn="off")
+    # where only its smaller compute buffer fits, auto takes it and keeps the context and f16 cache
+    on, off = plan(flash_attn="on", n_ubatch=256), plan(flash_attn="off", n_ubatch=256)
+    assert off.used > on.used
+    tight = plan(ram=(on.used + off.used) // 2)
+    assert tight.target.flash_attn is True and tight.ctx == 32768 and tight.target.type_v == "f16"
+    # CUDA: on
+    gpu = make_plan(infos["qwen3.6-27b"], infos["qwen3.5-0.8b"], PlanRequest(vram=24 * GiB), NO_GPU, 110_000)
+    assert gpu.target.flash_attn is True and gpu.draft.flash_attn is True
 
 
 # What llama.cpp 0.3.36 reported for the real files, loaded by its native build (AMX_INT8 = 1) on an

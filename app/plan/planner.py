@@ -42,8 +42,11 @@ class PlanRequest(BaseModel):
     cache_type_v: str | None = Field(None, description="V cache type")
     n_gpu_layers: int | None = Field(None, description="target layers on the GPU (default: all that fit)")
     parallel: int | None = Field(None, ge=1, le=64, description="concurrent slots (sequences)")
+    flash_attn: Literal["auto", "on", "off"] = Field(
+        "auto", description="flash attention: auto is off on a CPU, where llama.cpp's kernel makes decoding at "
+                            "depth slower (scripts/attention_depth.py), unless only a quantized V cache fits; on for CUDA")
 
-    FLAGS: ClassVar[tuple[str, ...]] = ("ctx", "cache_type_k", "cache_type_v", "n_gpu_layers", "parallel")
+    FLAGS: ClassVar[tuple[str, ...]] = ("ctx", "cache_type_k", "cache_type_v", "n_gpu_layers", "parallel", "flash_attn")
     draft_max: int | None = Field(None, ge=0, le=64, description="most tokens drafted per step (default: the planner chooses)")
     n_ubatch: int | None = Field(None, ge=32, description="physical batch size")
     reserve: int | None = Field(None, ge=0, description="runtime reserve in bytes (CUDA context, driver, display)")
@@ -119,6 +122,7 @@ class Candidate:
     n_ubatch: int
     draft_max: int
     n_gpu_layers: int | None  # None: everything (target layers + output)
+    flash_attn: bool = True
 
 
 # -- the budget terms ---------------------------------------------------------------------------
@@ -168,7 +172,7 @@ def _model_terms(role: str, info: ModelInfo, cs: M.ContextShape, ngl: int, devic
 
 
 def _shape(info: ModelInfo, c: Candidate, n_rs_seq: int, n_outputs: int) -> M.ContextShape:
-    return M.context_shape(c.ctx, c.parallel, c.type_k, c.type_v, n_ubatch=c.n_ubatch, flash_attn=True,
+    return M.context_shape(c.ctx, c.parallel, c.type_k, c.type_v, n_ubatch=c.n_ubatch, flash_attn=c.flash_attn,
                            n_rs_seq=n_rs_seq if info.n_recurrent_layers else 0, n_outputs=n_outputs)
 
 
@@ -195,7 +199,7 @@ def evaluate(target: ModelInfo, draft: ModelInfo | None, c: Candidate, device: D
         d_cs = _shape(draft, c, c.draft_max, 1)
         terms += _model_terms("draft", draft, d_cs, draft.n_layers + 1 if device == "cuda" else 0, device, buffers)
         d_params = ModelParams(d_cs.n_ctx, d_cs.n_batch, d_cs.n_ubatch, c.parallel, True, c.type_k, c.type_v,
-                               True, False, d_cs.n_rs_seq, draft.n_layers + 1 if device == "cuda" else 0)
+                               c.flash_attn, False, d_cs.n_rs_seq, draft.n_layers + 1 if device == "cuda" else 0)
     e_params = None
     if embedder is not None:
         e_cs, e_ngl = embedding_shape(embedder), embedder.n_layers + 1 if device == "cuda" else 0
@@ -207,8 +211,7 @@ def evaluate(target: ModelInfo, draft: ModelInfo | None, c: Candidate, device: D
     terms.append(Term("runtime reserve", reserve, "device", "CUDA context, driver, display" if device == "cuda" else "Python, libraries, server"))
     terms.append(Term("safety margin", margin, "device"))
     t_params = ModelParams(t_cs.n_ctx, t_cs.n_batch, t_cs.n_ubatch, c.parallel, True, c.type_k,
-                           c.type_v, True,
-                           False, t_cs.n_rs_seq, t_ngl if device == "cuda" else 0)
+                           c.type_v, c.flash_attn, False, t_cs.n_rs_seq, t_ngl if device == "cuda" else 0)
     plan = Plan(device, budget, budget_source, terms, False, c.ctx, ctx_wanted, c.parallel, c.draft_max,
                 t_params, d_params, host_available, embedding=e_params)
     plan.fits = plan.used <= budget and (device == "cpu" or plan.host_used <= host_available)
@@ -229,6 +232,16 @@ def _choices(req: PlanRequest, target: ModelInfo, draft: ModelInfo | None) -> tu
     return kv, parallel, ubatch, dmax
 
 
+def _attention(req: PlanRequest, device: Device) -> list[bool]:
+    """Flash attention settings to try, best first. On a CPU without: llama.cpp's CPU kernel takes
+    each query row alone, so a 16-token verify at 8K tokens of depth took 2.2 x as long with it, and
+    a single decode 1.3 x (scripts/attention_depth.py), while a prompt evaluated 7-14 % faster with
+    it. With it only where the plan fits no other way (a quantized V cache needs it). On CUDA with."""
+    if req.flash_attn != "auto":
+        return [req.flash_attn == "on"]
+    return [False, True] if device == "cpu" else [True]
+
+
 def _check_request(req: PlanRequest, target: ModelInfo, draft: ModelInfo | None, device: Device, ctx: int) -> None:
     if ctx > target.context_length > 0:
         raise PlanError(f"context {ctx:,} is above the target's trained length of {target.context_length:,} tokens",
@@ -236,11 +249,13 @@ def _check_request(req: PlanRequest, target: ModelInfo, draft: ModelInfo | None,
     if ctx < 256:
         raise PlanError(f"context {ctx} is too small (at least 256 tokens)")
     kv, *_ = _choices(req, target, draft)
+    attention = _attention(req, device)
     for model in [target] + ([draft] if draft else []):
         for tk, tv in kv:
-            bad = M.kv_incompatibility(model, tk, tv, True, device)
-            if bad and len(kv) == 1:
-                raise PlanError(f"cache types K {tk} / V {tv} cannot be used: {bad}")
+            bad = [M.kv_incompatibility(model, tk, tv, fa, device) for fa in attention]
+            if all(bad) and len(kv) == 1:
+                raise PlanError(f"cache types K {tk} / V {tv} cannot be used: {bad[0]}",
+                                hint="leave --flash-attn at auto" if req.flash_attn == "off" else None)
 
 
 def _budget(req: PlanRequest, hw: Hardware) -> tuple[Device, int, str, int, int]:
@@ -270,13 +285,17 @@ def make_plan(target: ModelInfo, draft: ModelInfo | None, req: PlanRequest, hw: 
     _check_request(req, target, draft, device, ctx_wanted)
     kv, parallel, ubatch, dmax = _choices(req, target, draft)
     models = [target] + ([draft] if draft else [])
-    usable_kv = [(k, v) for k, v in kv if not any(M.kv_incompatibility(m, k, v, True, device) for m in models)]
+    usable = lambda k, v, fa: not any(M.kv_incompatibility(m, k, v, fa, device) for m in models)  # noqa: E731
+    attention = _attention(req, device)
+    usable_kv = [(k, v) for k, v in kv if any(usable(k, v, fa) for fa in attention)]
     if not usable_kv:
         raise PlanError("no KV cache type suits both models' head sizes")
 
     def attempt(ctx: int, ngl: int | None) -> Plan | None:
-        for (tk, tv), par, ub, dm in itertools.product(usable_kv, parallel, ubatch, dmax):
-            p = evaluate(target, draft, Candidate(ctx, tk, tv, par, ub, dm, ngl), device, budget, source,
+        for (tk, tv), par, fa, ub, dm in itertools.product(usable_kv, parallel, attention, ubatch, dmax):
+            if not usable(tk, tv, fa):
+                continue
+            p = evaluate(target, draft, Candidate(ctx, tk, tv, par, ub, dm, ngl, fa), device, budget, source,
                          reserve, margin, req.ram or hw.ram_available, ctx_wanted, hw.cpu_buffers, embedder)
             if p.fits:
                 return p
@@ -297,7 +316,9 @@ def make_plan(target: ModelInfo, draft: ModelInfo | None, req: PlanRequest, hw: 
         assert plan is not None
         plan.warnings.append(f"the preset aims for {ctx_wanted:,} tokens; {largest:,} fit in this budget")
         return _annotate(plan, target, draft)
-    worst = evaluate(target, draft, Candidate(ctx_wanted, *usable_kv[-1], parallel[-1], ubatch[-1], dmax[-1], ngl),
+    compact_fa = True in attention and usable(*usable_kv[-1], True)  # its compute buffer is the smaller
+    worst = evaluate(target, draft, Candidate(ctx_wanted, *usable_kv[-1], parallel[-1], ubatch[-1], dmax[-1], ngl,
+                                              compact_fa),
                      device, budget, source, reserve, margin, req.ram or hw.ram_available, ctx_wanted, hw.cpu_buffers,
                      embedder)
     short = worst.used - budget

@@ -1,0 +1,112 @@
+#!/usr/bin/env python3
+"""What flash attention costs on this machine: target decodes of n tokens at a given depth, and the
+prompt evaluated to that depth, with llama.cpp's flash attention on and off, side by side.
+
+    python scripts/attention_depth.py [--preset coder-1.5b] [--depths 64,2300,8000] [--sizes 1,4,12,16]
+                                      [--rounds 3] [--prefill 8192] [--threads N] [--json]
+
+Two contexts over the same weights (the plan's target parameters, flash attention its only
+difference) each hold `depth` tokens; then each round times one decode of n tokens (logits for all,
+as a verify step) in each, dropped again after, the order of the two flipping every round (ABBA). The
+ratio off / on is taken per round: median (min-max). `--prefill`: seconds to evaluate that many
+tokens in n_ubatch chunks, on then off then on then off. This is the measurement behind the planner's
+choice (`--flash-attn auto`: off on a CPU).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from app.commands.common import catalog_from_args, local_path, make_fetcher, make_selection  # noqa: E402
+from app.engine.calibration import _time_decode  # noqa: E402
+from app.gguf.info import read_model_info  # noqa: E402
+from app.llama.context import Context, Model  # noqa: E402
+from app.plan.hardware import detect  # noqa: E402
+from app.plan.planner import PlanRequest, make_plan  # noqa: E402
+
+
+def fill(ctx: Context, depth: int) -> float:
+    """The sequence holds `depth` tokens (evaluated in n_ubatch chunks); returns the seconds it took."""
+    ctx.seq_rm(0, 0, -1)
+    b, step = ctx.batch, ctx.params.n_ubatch
+    t = time.perf_counter()
+    for c0 in range(0, depth, step):
+        b.clear()
+        for pos in range(c0, min(depth, c0 + step)):
+            b.add(pos % 100 + 5, pos, 0, pos == depth - 1)
+        ctx.decode(b)
+    ctx.synchronize()
+    return time.perf_counter() - t
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--preset", default="coder-1.5b")
+    ap.add_argument("--depths", default="64,2300,8000")
+    ap.add_argument("--sizes", default="1,4,12,16")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--prefill", type=int, default=0, help="also time evaluating this many prompt tokens")
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    depths = [int(x) for x in args.depths.split(",")]
+    sizes = [int(x) for x in args.sizes.split(",")]
+    args.name, args.target, args.draft, args.models = args.preset, None, None, None
+    sel = make_selection(args, catalog_from_args(args))
+    target = read_model_info(local_path(make_fetcher(offline=True), sel.target))
+    hw = detect()
+    ctx_len = max(depths + [args.prefill]) + max(sizes) + 256
+    plan = make_plan(target, None, PlanRequest(device="cpu", ctx=ctx_len, ctx_is_user_choice=True, parallel=1,
+                                               flash_attn="on"), hw, ctx_len)
+    model = Model(Path(target.path), 0)
+    threads = args.threads or hw.cpu_count
+    ctxs = {on: Context(model, dataclasses.replace(plan.target, flash_attn=on), threads) for on in (True, False)}
+    result: dict = {"threads": threads, "n_ubatch": plan.target.n_ubatch, "depths": {}}
+    try:
+        for depth in depths:
+            for ctx in ctxs.values():
+                fill(ctx, depth)
+            times: dict = {on: {n: [] for n in sizes} for on in ctxs}
+            for r in range(args.rounds):
+                for on in ((True, False) if r % 2 == 0 else (False, True)):
+                    for n in sizes:
+                        times[on][n].append(_time_decode(ctxs[on], 0, depth, n, depth))
+            row = {}
+            for n in sizes:
+                ratio = [off / on for on, off in zip(times[True][n], times[False][n])]
+                row[n] = {"on_ms": statistics.median(times[True][n]) * 1e3, "off_ms": statistics.median(times[False][n]) * 1e3,
+                          "off_vs_on": statistics.median(ratio), "off_vs_on_min_max": [min(ratio), max(ratio)]}
+            result["depths"][depth] = row
+            if not args.json:
+                print(f"depth {depth:6d}: " + "  ".join(
+                    f"n={n}: on {v['on_ms']:.0f} / off {v['off_ms']:.0f} ms ({v['off_vs_on']:.2f}, "
+                    f"{v['off_vs_on_min_max'][0]:.2f}-{v['off_vs_on_min_max'][1]:.2f})" for n, v in row.items()), flush=True)
+        if args.prefill:
+            runs: dict = {True: [], False: []}
+            for on in (True, False, True, False):
+                runs[on].append(fill(ctxs[on], args.prefill))
+            result["prefill"] = {"tokens": args.prefill, "on_s": runs[True], "off_s": runs[False]}
+            if not args.json:
+                print(f"prefill {args.prefill} tokens: on {statistics.median(runs[True]):.1f} s, "
+                      f"off {statistics.median(runs[False]):.1f} s (off / on "
+                      f"{statistics.median(runs[False]) / statistics.median(runs[True]):.2f})")
+    finally:
+        for ctx in ctxs.values():
+            ctx.close()
+        model.close()
+    if args.json:
+        print(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
