@@ -3,8 +3,9 @@
 
     python scripts/serve_bench.py [--preset coder-1.5b] [--tokens 128] [--rounds 2] [--workload W] [--json]
 
-Both servers (`specdeck serve --parallel 4`, `llama-server -np 4`, same models, context and
-threads) run at once, and measurements alternate between them: aggregate generated tokens/s with
+Both servers (`specdeck serve --parallel 4`, `llama-server -np 4`, same models, context, threads
+and flash attention: off by default, as specdeck plans a CPU, so both decode with the same numerics)
+run at once, and measurements alternate between them: aggregate generated tokens/s with
 1, 2 and 4 concurrent clients (greedy, --tokens each, `ignore_eos`, so both servers generate the
 same count). Workloads: `helpers` (default) gives each client its own short code prompt; `coding`
 sends the speed issue's four prompts (code completion, code edit, code question, prose; chat
@@ -145,6 +146,9 @@ def main() -> int:
     ap.add_argument("--llama-server-arg", action="append", default=[], help="extra flag for llama-server (repeatable)")
     ap.add_argument("--workload", choices=["helpers", "coding", "agent"], default="helpers")
     ap.add_argument("--no-ttft", action="store_true", help="skip the long-prompt TTFT check")
+    ap.add_argument("--flash-attn", choices=["on", "off"], default="off",
+                    help="both servers' flash attention (default off: specdeck's plan on a CPU; llama-server's own "
+                         "default, auto, is on)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     catalog = load_catalog()
@@ -160,12 +164,13 @@ def main() -> int:
     keys.write_text("".join(f"{name} {key}\n" for name, key in KEYS.items()))
     commands = {"specdeck": lambda port: [sys.executable, "-m", "app.cli", "serve", args.preset, "--port", str(port),
                                           "--parallel", "4", "--ctx", "16384", "--threads", str(args.threads),
-                                          "--api-key-file", str(keys)] + args.specdeck_arg}
+                                          "--api-key-file", str(keys), "--flash-attn", args.flash_attn] + args.specdeck_arg}
     server = find_llama_server()
     if server:
         commands["llama_server_np4"] = lambda port: [str(server), "-m", str(target), "--port", str(port), "--host",
                                                      "127.0.0.1", "-np", "4", "-c", "16384", "-t", str(args.threads),
-                                                     "-tb", str(args.threads), "--no-warmup"] + args.llama_server_arg
+                                                     "-tb", str(args.threads), "--no-warmup", "-fa", args.flash_attn] \
+            + args.llama_server_arg
     # both servers stay up; each measurement alternates between them, so drift in this machine's
     # speed falls on both sides of every ratio
     running = {}

@@ -302,10 +302,10 @@ class AnchorServers:
     agent workload restarts them before each repeat (`restart`)."""
 
     def __init__(self, server: Path, target: Path, draft: Path | None, threads: int, n_ctx: int,
-                 anchors: dict | None = None) -> None:
+                 anchors: dict | None = None, flash_attn: bool = True) -> None:
         self.urls: dict[str, str] = {}
         self.procs: list[subprocess.Popen] = []
-        self.args = (server, target, draft, threads, n_ctx)
+        self.args = (server, target, draft, threads, n_ctx, flash_attn)
         self.anchors = anchors or ANCHORS
 
     def __enter__(self) -> AnchorServers:
@@ -317,13 +317,15 @@ class AnchorServers:
         return self
 
     def _start_all(self) -> None:
-        server, target, draft, threads, n_ctx = self.args
+        server, target, draft, threads, n_ctx, flash_attn = self.args
         for name, extra in self.anchors.items():
             if any("{draft}" in a for a in extra) and draft is None:
                 continue
             port = free_port()
+            # the plan's attention too: the two sides then decode with the same numerics, so they
+            # answer the same text (a near-tie may flip between the two kernels)
             args = [str(server), "-m", str(target), "--host", "127.0.0.1", "--port", str(port), "-t", str(threads),
-                    "-tb", str(threads), "-c", str(n_ctx), "-np", "1", "--no-warmup"]
+                    "-tb", str(threads), "-c", str(n_ctx), "-np", "1", "--no-warmup", "-fa", "on" if flash_attn else "off"]
             args += [a.replace("{draft}", str(draft)) for a in extra]
             proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             self.procs.append(proc)
@@ -419,11 +421,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
     log = (lambda *a, **k: console.print(*a, **k)) if args.json else (lambda *a, **k: out.print(*a, **k))
     server = None if args.no_anchors else find_llama_server()
     if server is not None:
-        log(f"anchors: {server} (kept up, measured next to each prompt's runs)")
+        log(f"anchors: {server} (kept up, measured next to each prompt's runs; flash attention "
+            f"{'on' if plan.target.flash_attn else 'off'}, as specdeck's plan)")
     elif not args.no_anchors:
         log("anchors: no llama-server found (scripts/build_llama_server.sh builds one)")
     servers = (AnchorServers(server, target.path, draft.path if draft else None, threads, plan.ctx,
-                             AGENT_ANCHORS if agent else ANCHORS) if server else contextlib.nullcontext(None))
+                             AGENT_ANCHORS if agent else ANCHORS, plan.target.flash_attn)
+               if server else contextlib.nullcontext(None))
     with servers as up:
         loaded = load(plan, target, draft, threads)
         try:

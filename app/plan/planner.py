@@ -235,7 +235,7 @@ def _choices(req: PlanRequest, target: ModelInfo, draft: ModelInfo | None) -> tu
 def _attention(req: PlanRequest, device: Device) -> list[bool]:
     """Flash attention settings to try, best first. On a CPU without: llama.cpp's CPU kernel takes
     each query row alone, so a 16-token verify at 8K tokens of depth took 2.2 x as long with it, and
-    a single decode 1.3 x (scripts/attention_depth.py), while a prompt evaluated 7-14 % faster with
+    a single decode 1.3 x (scripts/attention_depth.py), while a prompt evaluated 6-14 % faster with
     it. With it only where the plan fits no other way (a quantized V cache needs it). On CUDA with."""
     if req.flash_attn != "auto":
         return [req.flash_attn == "on"]
