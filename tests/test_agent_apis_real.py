@@ -55,11 +55,14 @@ def test_anthropic_tool_round_trip_streamed_event_by_event(qwen):
     assert raw[0][0] == "message_start" and raw[-2][0] == "message_delta" and raw[-1][0] == "message_stop"
     assert ("content_block_start", "tool_use") in raw and ("content_block_delta", "input_json_delta") in raw
     assert final.stop_reason == "tool_use" and next(b for b in final.content if b.type == "tool_use").input == {"city": "Paris"}
-    answer = c.messages.create(model="claude-sonnet-4-5", max_tokens=80, tools=[WEATHER], extra_body={"temperature": 0},
-                               messages=[{"role": "user", "content": ASK},
-                                         {"role": "assistant", "content": [b.model_dump() for b in first.content]},
-                                         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id,
-                                                                       "content": "Sunny, 24 degrees Celsius"}]}])
+    # tool_choice "none" on the answer turn, as in test_agents: with "auto" this model's pick between a second
+    # call and an answer is a near-tie, and its "answers" there echoed the call as JSON
+    answer = c.messages.create(model="claude-sonnet-4-5", max_tokens=80, tools=[WEATHER], tool_choice={"type": "none"},
+                               extra_body={"temperature": 0}, messages=[
+                                   {"role": "user", "content": ASK},
+                                   {"role": "assistant", "content": [b.model_dump() for b in first.content]},
+                                   {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id,
+                                                                 "content": "Sunny, 24 degrees Celsius"}]}])
     text = "".join(b.text for b in answer.content if b.type == "text")
     assert answer.stop_reason == "end_turn" and "24" in text, text
     forced = c.messages.create(model="x", max_tokens=80, tools=[WEATHER], tool_choice={"type": "tool", "name": "get_weather"},
@@ -75,7 +78,7 @@ def test_responses_function_call_round_trip_and_json_schema(qwen):
                            max_output_tokens=120)
     call = next(i for i in r.output if i.type == "function_call")
     assert call.name == "get_weather" and json.loads(call.arguments) == {"city": "Paris"} and call.call_id
-    done = c.responses.create(model="gpt-5-codex", tools=[tool], temperature=0, max_output_tokens=80, input=[
+    done = c.responses.create(model="gpt-5-codex", tools=[tool], tool_choice="none", temperature=0, max_output_tokens=80, input=[
         {"role": "user", "content": ASK}, {"type": "function_call", "call_id": call.call_id, "name": call.name,
                                            "arguments": call.arguments},
         {"type": "function_call_output", "call_id": call.call_id, "output": "Sunny, 24 degrees Celsius"}])

@@ -92,7 +92,10 @@ def test_tool_call_round_trip_with_the_openai_client(qwen):
     assert json.loads(call.function.arguments)["city"].lower() == "paris"
     messages += [choice.message.model_dump(exclude_none=True),
                  {"role": "tool", "tool_call_id": call.id, "content": json.dumps({"temp_c": 21, "sky": "sunny"})}]
-    r2 = c.chat.completions.create(model="tiny", messages=messages, tools=[WEATHER], temperature=0, max_tokens=80)
+    # tool_choice "none" on the answer turn: with "auto" this 1.5B model's greedy pick between calling the
+    # tool again and answering is a near-tie that flips with the CPU's arithmetic (flash attention on or off)
+    r2 = c.chat.completions.create(model="tiny", messages=messages, tools=[WEATHER], tool_choice="none", temperature=0,
+                                   max_tokens=80)
     assert r2.choices[0].finish_reason == "stop" and not r2.choices[0].message.tool_calls
     assert "21" in r2.choices[0].message.content
 
