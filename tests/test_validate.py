@@ -148,3 +148,34 @@ def test_health_waits_for_a_loading_server(tiny):
     assert checks["health"] == "ok" and checks["decode speed"] in ("ok", "warn") and "errors" in checks, err
     f = data["figures"]  # a 6-second soak: requests and streams at `parallel` streams, none failed, no restart
     assert checks["soak"] == "ok" and f["soak_requests"] > 4 and f["soak_errors"] == 0 and f["soak_restarts"] == 0, err
+
+
+class _Answers:
+    """A server that answers /completion with given tokens: what is under test is check_smoke's verdict."""
+
+    def __init__(self, whole: list[int], streamed: list[int], gap: float) -> None:
+        self.whole, self.streamed, self.gap = whole, streamed, gap
+
+    def post(self, path: str, body: dict) -> dict:
+        if path == "/tokenize":
+            return {"tokens": self.whole}
+        probs = [{"top_logprobs": [{"logprob": -0.1}, {"logprob": -0.1 - self.gap}]} for _ in self.whole]
+        return {"content": "x" * len(self.whole), "tokens": self.whole, "completion_probabilities": probs}
+
+    def stream(self, path: str, body: dict):
+        for t in self.streamed:
+            yield None, {"content": "x", "tokens": [t]}
+        yield None, {"stop": True, "content": ""}
+
+
+@pytest.mark.parametrize("streamed,gap,status", [
+    ([1, 2, 3, 4], 5.0, "ok"),      # equal
+    ([1, 2, 9, 9], 0.2, "ok"),      # parted at a near-tie: said, not failed
+    ([1, 2, 9, 9], 5.0, "fail"),    # parted where the whole answer was sure
+    ([1, 2], 5.0, "fail"),          # cut short
+])
+def test_smoke_check_tells_a_near_tie_from_a_broken_stream(streamed, gap, status):
+    from app.ops.validate import check_smoke
+    c = check_smoke(_Answers([1, 2, 3, 4], streamed, gap), None, {})
+    assert c.status == status, c.summary
+    assert ("near-tie" in c.summary) == (streamed != [1, 2, 3, 4] and status == "ok")

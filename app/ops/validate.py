@@ -263,13 +263,14 @@ def check_health(client: Client, opts: Options, facts: dict) -> Check:
 
 
 def check_smoke(client: Client, opts: Options, facts: dict) -> Check:
-    """The API's own path: the whole answer and the streamed one, equal token for token. Neither
-    drafts from earlier requests: the second would copy the first's answer (the suffix index) in
-    long verify batches, which may flip a near-tie that the first's decodes did not; whether
-    drafting changes the output is the greedy-equivalence check's question, which tells near-ties
-    apart."""
+    """The API's own path: the whole answer and the streamed one, equal token for token, or parted
+    at a near-tie. Neither drafts from earlier requests: the second would copy the first's answer
+    (the suffix index) in long verify batches. Even so the two runs draft differently (the
+    controller has learned in between), and a verify batch's arithmetic is not a single decode's:
+    where the whole answer's top-two gap is within GAP_TOLERANCE they may part (`specdeck verify`'s
+    rule); whether drafting changes the output is the greedy-equivalence check's question."""
     prompt = "Write a Python function that returns the largest of three numbers.\n"
-    whole = completion(client, prompt, 32, ignore_eos=False)
+    whole = completion(client, prompt, 32, ignore_eos=False, n_probs=2)
     text, tokens = whole.get("content", ""), whole.get("tokens") or []
     streamed_text, streamed_tokens = "", []
     for _, event in client.stream("/completion", {"prompt": prompt, "n_predict": 32, "temperature": 0.0,
@@ -277,17 +278,23 @@ def check_smoke(client: Client, opts: Options, facts: dict) -> Check:
         streamed_text += event.get("content", "")
         if not event.get("stop"):
             streamed_tokens += event.get("tokens") or []
-    problems = []
+    problems, notes = [], []
     if not text.strip():
         problems.append("empty answer")
     if "\ufffd" in text or "\ufffd" in streamed_text:
         problems.append("a replacement character (U+FFFD) in the text")
-    if streamed_text != text:
+    at, gap = _divergence(whole, {"tokens": streamed_tokens}) if streamed_tokens else (None, None)
+    if at is not None and gap is not None and gap <= GAP_TOLERANCE:
+        notes.append(f"streamed and whole part at token {at}, a near-tie (gap {gap:.3f})")
+    elif at is not None:
+        problems.append(f"the streamed tokens differ from the whole answer's from token {at}"
+                        f" (top-two gap {'?' if gap is None else f'{gap:.3f}'})")
+    elif streamed_text != text:
         problems.append("the streamed text differs from the whole answer")
-    if streamed_tokens and streamed_tokens != tokens:
-        problems.append("the streamed tokens differ from the whole answer's")
     if problems:
         return Check("smoke", "fail", "; ".join(problems), {"smoke_ok": False})
+    if notes:
+        return Check("smoke", "ok", f"{len(tokens)} tokens, valid UTF-8; {notes[0]}", {"smoke_ok": True, "retokenizes": None})
     again = client.post("/tokenize", {"content": text, "add_special": False}).get("tokens", [])
     same = again == tokens
     where = next((i for i, (a, b) in enumerate(zip(again, tokens)) if a != b), min(len(again), len(tokens)))
