@@ -109,16 +109,19 @@ def prime(url: str, prompts: list[str]) -> None:
 
 def ttft(url: str, prompt: str) -> tuple[float, float]:
     """Seconds to the first streamed token: the conversation cold, then resent with one more turn
-    (what an agent sends next: the whole conversation again, a few new tokens at its end)."""
+    (what an agent sends next: the whole conversation again, a few new tokens at its end). Each
+    answer is read to its end before the next request, as an agent reads it: a stream dropped at
+    its first token leaves the slot busy for a moment, and llama-server then gives the resent
+    conversation another slot, without the cache."""
     def once(text: str) -> float:
-        t = time.perf_counter()
+        t, first = time.perf_counter(), None
         with httpx.stream("POST", url + "/v1/completions", json={"prompt": text, "max_tokens": 4, "temperature": 0,
                                                                  "stream": True, "cache_prompt": True}, timeout=600,
                           headers={"Authorization": f"Bearer {KEYS[CURRENT['key']]}"}) as r:
             for line in r.iter_lines():
-                if line.startswith("data: ") and line != "data: [DONE]":
-                    return time.perf_counter() - t
-        return time.perf_counter() - t
+                if first is None and line.startswith("data: ") and line != "data: [DONE]":
+                    first = time.perf_counter() - t
+        return time.perf_counter() - t if first is None else first
 
     return once(prompt), once(prompt + "\n# Next turn: now add a docstring to the first function.\n")
 
