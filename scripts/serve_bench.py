@@ -19,7 +19,7 @@ cache holds them from the warm-up both servers get. Each ratio is taken per
 round (the two servers measured back to back, who goes first alternating), then the median of the
 rounds with its min and max; the same for the requests' mean latency (llama-server's over
 specdeck's: a server that finishes one request early shortens it, while tokens/s counts until the
-last request ends). Then time to first token for a ~2.6K-token prompt sent cold and then
+last request ends). Then time to first token for a ~2.3K-token prompt sent cold and then
 again (the prompt cache). Loopback only; bounded counts; stops by itself.
 """
 
@@ -158,7 +158,7 @@ def main() -> int:
     preset = catalog.preset(args.preset)
     fetcher = Fetcher(paths(), hub_settings(), __import__("rich.console").console.Console(quiet=True))
     target = fetcher.existing(catalog.model(preset.target)).path
-    long_prompt = ("# Review this module.\n" + CODE_EDIT_MODULE) * 8  # ~2.6K tokens
+    long_prompt = ("# Review this module.\n" + CODE_EDIT_MODULE) * 8  # ~2,330 tokens
     from app.commands.workloads import agent_turns
 
     prompts = coding_prompts(target) if args.workload == "coding" else \
