@@ -124,7 +124,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("bench", help="tokens/s plain, with the draft, with lookup and adaptive, next to llama-server")
     _add_selection(p)
     p.add_argument("--prompts", metavar="FILE.jsonl", help="your own prompts (as for verify)")
-    p.add_argument("--max-tokens", type=int, default=200, help="tokens per prompt (default 200)")
+    p.add_argument("--max-tokens", type=int, help="tokens per prompt at most (default 200; the agent workload 512, "
+                   "where every answer ends as the model ends it, as an agent receives it)")
     p.add_argument("--repeats", type=int, default=2, help="runs of each workload and mode (default 2)")
     p.add_argument("--ctx", type=int, default=4096, help="context length (default 4096)")
     p.add_argument("--threads", type=int, help="threads (default: physical cores)")

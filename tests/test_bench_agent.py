@@ -52,11 +52,32 @@ def test_each_mode_starts_from_an_empty_index_that_the_turns_fill(tiny):
     again = summary["agent-again"]
     assert again["suffix"]["tokens_per_decode"] > 3 and again["plain"]["tokens_per_decode"] < 1.1  # the first answer, copied
     assert again["adaptive-local"]["tokens_per_decode"] < again["suffix"]["tokens_per_decode"]  # no index: no such copy
+    # each run's answer is kept as a digest: plain decoding answers the same in both repeats
+    plain = again["plain"]["answers"]
+    assert len(plain) == 2 and plain[0] == plain[1] and all(len(again[m]["answers"]) == 2 for m in AGENT_MODES)
     ratios = agent_ratios(totals)
     assert ratios["adaptive_vs_plain_cross"] > 0 and "adaptive_vs_adaptive_local_cross_min" in ratios
     # the built-in prompts clear the index before every run: the second repeat drafts as the first did
     first, second = builtin["p"]["suffix"]["tokens_per_decode_all"]
     assert first == second < again["suffix"]["tokens_per_decode"]
+
+
+def test_answers_unlike_plain_decoding_are_named_by_turn_and_mode():
+    """A mode whose answer is not plain decoding's in the same repeat is reported; the closing stop
+    token does not count (llama-server's answers leave it out)."""
+    from app.commands.bench import answer_digest, answers_unlike_plain
+
+    stop = {2}
+    a, b = answer_digest([5, 6, 7, 2], stop), answer_digest([5, 6, 8], stop)
+    assert a == answer_digest([5, 6, 7], stop) != b
+    workloads = {"agent-edit": {"plain": {"answers": [a, a]}, "adaptive": {"answers": [a, a]},
+                                "llama_server_ngram_mod": {"answers": []}},
+                 "agent-regenerate": {"plain": {"answers": [a, a]}, "adaptive": {"answers": [b, a]},
+                                      "suffix": {"answers": [b, b]}}}
+    assert answers_unlike_plain(workloads) == [
+        {"kind": "agent-regenerate", "mode": "adaptive", "differ": 1, "runs": 2},
+        {"kind": "agent-regenerate", "mode": "suffix", "differ": 2, "runs": 2}]
+    assert answers_unlike_plain({"agent-edit": workloads["agent-edit"]}) == []
 
 
 def test_llama_server_tokens_per_decode_from_its_timings():

@@ -232,7 +232,12 @@ def test_bench_json_shape_on_tiny_models(tiny, tmp_path):
         assert set(modes) == {"plain", "draft", "lookup", "adaptive"}
         for m in modes.values():
             assert m["tok_s"] > 0 and "acceptance" in m and m["tokens_per_decode"] >= 1
-    assert "adaptive_vs_plain" in j["ratios"]["prose"]
+            assert len(m["answers"]) == 1  # each run's answer, checked against plain decoding's
+    assert "adaptive_vs_plain" in j["ratios"]["prose"] and isinstance(j["answers_unlike_plain"], list)
+    bad = run_cli("bench", "--target", str(tiny.target), "--draft", str(tiny.draft), "--prompts", str(prompts),
+                  "--max-tokens", "0", "--no-anchors", "--ctx", "512")
+    assert bad.returncode != 0 and "--max-tokens must be at least 1" in bad.stderr + bad.stdout
+    assert "Traceback" not in bad.stderr
 
 
 def test_per_request_estimates_drop_a_drafter_after_misses():

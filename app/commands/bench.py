@@ -12,6 +12,7 @@ from an empty index that the workload's own turns then fill, as in real use.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import shutil
@@ -48,6 +49,8 @@ MODES = ("plain", "adaptive", "lookup", "draft")  # plain and adaptive side by s
 AGENT_MODES = ("plain", "adaptive", "adaptive-local", "suffix", "lookup")  # adaptive-local: without the global index
 DRAFT_N_MAX = 8  # the draft model at a fixed length, greedy (our "draft" mode)
 ANCHOR_P_MIN = 0.75  # llama-server's best draft setting here (FACTS: n-max 8, p-min 0.75)
+MAX_TOKENS = 200  # per prompt, the built-in prompts
+AGENT_MAX_TOKENS = 512  # the agent workload's answers end where the model ends them (the longest is ~490 tokens)
 ADAPTIVE_N_MAX = 48  # the controller may go this long (lookup proposals are free to make; llama-server's ngram-simple drafts 48)
 
 
@@ -61,6 +64,7 @@ class ModeResult:
     acceptance: list[float] = field(default_factory=list)
     tokens_per_decode: list[float] = field(default_factory=list)
     python_ms_per_drafted: list[float] = field(default_factory=list)
+    answers: list[str] = field(default_factory=list)  # per run, a digest of the answer's token ids
 
     def summary(self) -> dict:
         med = lambda xs: statistics.median(xs) if xs else None  # noqa: E731
@@ -70,7 +74,33 @@ class ModeResult:
             "acceptance": med(self.acceptance), "tokens_per_decode": med(self.tokens_per_decode),
             "tokens_per_decode_all": list(self.tokens_per_decode),
             "python_ms_per_drafted_token": med(self.python_ms_per_drafted),
+            "answers": list(self.answers),
         }
+
+
+def answer_digest(token_ids: list[int], stop_tokens: set[int]) -> str:
+    """A short digest of an answer's token ids, less a closing stop token (llama-server's answers
+    leave it out): two runs gave the same answer when their digests match."""
+    if token_ids and token_ids[-1] in stop_tokens:
+        token_ids = token_ids[:-1]
+    return hashlib.sha256(",".join(map(str, token_ids)).encode()).hexdigest()[:16]
+
+
+def answers_unlike_plain(workloads: dict) -> list[dict]:
+    """Where a mode's answer was not plain decoding's in the same repeat: {kind, mode, differ, runs}.
+    Every mode is lossless, but a greedy near-tie can fall the other way in a batch of another shape
+    (llama.cpp's numerics), and tokens per decode measured on another answer is not the same figure."""
+    found = []
+    for kind, modes in workloads.items():
+        plain = (modes.get("plain") or {}).get("answers") or []
+        for mode, summary in modes.items():
+            mine = summary.get("answers") or []
+            if mode == "plain" or not plain or not mine:
+                continue
+            differ = sum(1 for a, b in zip(mine, plain) if a != b)
+            if differ:
+                found.append({"kind": kind, "mode": mode, "differ": differ, "runs": min(len(mine), len(plain))})
+    return found
 
 
 def _drafters(loaded: Loaded, controller: Controller) -> dict:
@@ -107,6 +137,7 @@ def measure_one(loaded: Loaded, drafter, mode: str, ids: list[int], max_tokens: 
         drafter.release(0)
     res.tok_s.append(r.generation_tps or 0.0)
     res.tokens.append(len(r.completion))
+    res.answers.append(answer_digest(r.completion, req.stop_tokens))
     if r.acceptance is not None:
         res.acceptance.append(r.acceptance)
     res.tokens_per_decode.append(r.tokens_per_decode or 0.0)
@@ -200,10 +231,12 @@ def run_agent(loaded: Loaded, turns: list[dict], max_tokens: int, repeats: int, 
         for name in (anchors.urls if anchors else {}):
             sums = {"all": [0, 0.0], "cross": [0, 0.0]}
             for turn, prompt in zip(turns, ids):
-                n, seconds, per_decode = anchors.measure_counted(name, prompt, max_tokens)
+                n, seconds, per_decode, answer = anchors.measure_answer(name, prompt, max_tokens)
                 res = results.setdefault(turn["kind"], {}).setdefault(name, ModeResult())
                 res.tok_s.append(n / seconds if seconds else 0.0)
                 res.tokens.append(n)
+                if answer:
+                    res.answers.append(answer_digest(answer, loaded.tokenizer.stop_tokens))
                 res.tokens_per_decode.append(per_decode)
                 _add(sums, turn, n, seconds)
                 log(f"  [{rep + 1}/{repeats}] {turn['session']}{turn['turn']} {turn['kind']:22} {name:14} "
@@ -349,9 +382,14 @@ class AnchorServers:
 
     def measure_counted(self, name: str, ids: list[int], max_tokens: int) -> tuple[int, float, float]:
         """(generated tokens, seconds generating, tokens per target decode) for one greedy request."""
+        n, seconds, per_decode, _ = self.measure_answer(name, ids, max_tokens)
+        return n, seconds, per_decode
+
+    def measure_answer(self, name: str, ids: list[int], max_tokens: int) -> tuple[int, float, float, list[int]]:
+        """`measure_counted` and the answer's token ids."""
         r = _post(self.urls[name] + "/completion", {"prompt": ids, "n_predict": max_tokens, "temperature": 0,
-                                                    "cache_prompt": False, "top_k": 1})
-        return counted(r["timings"])
+                                                    "cache_prompt": False, "top_k": 1, "return_tokens": True})
+        return (*counted(r["timings"]), list(r.get("tokens") or []))
 
     def __exit__(self, *exc) -> None:
         for proc in self.procs:
@@ -412,6 +450,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if agent and args.prompts:
         raise SpecdeckError("--prompts and --workload agent do not go together", hint="the agent workload is built in")
     prompts = agent_turns() if agent else load_prompts(Path(args.prompts) if args.prompts else None)
+    max_tokens = args.max_tokens if args.max_tokens is not None else AGENT_MAX_TOKENS if agent else MAX_TOKENS
+    if max_tokens < 1:
+        raise SpecdeckError(f"--max-tokens must be at least 1, not {max_tokens}")
     fetcher = make_fetcher(offline=True)
     target = read_model_info(local_path(fetcher, sel.target))
     draft = read_model_info(local_path(fetcher, sel.draft)) if sel.draft else None
@@ -431,27 +472,29 @@ def cmd_bench(args: argparse.Namespace) -> int:
     with servers as up:
         loaded = load(plan, target, draft, threads)
         try:
-            log(f"bench: {sel.name}, {threads} threads, {args.max_tokens} tokens per prompt, {args.repeats} repeats"
+            log(f"bench: {sel.name}, {threads} threads, {max_tokens} tokens per prompt, {args.repeats} repeats"
                 + (f", the agent workload ({len(prompts)} turns, two sessions interleaved; every mode starts from an "
                    "empty suffix index that the turns fill in order)" if agent else
                    "; the suffix index is cleared before every run"))
             if agent:
-                workloads, costs, anchors, totals = run_agent(loaded, prompts, args.max_tokens, args.repeats, log=log,
+                workloads, costs, anchors, totals = run_agent(loaded, prompts, max_tokens, args.repeats, log=log,
                                                               anchors=up)
             else:
-                workloads, costs, anchors = run_engine(loaded, prompts, args.max_tokens, args.repeats, log=log, anchors=up)
+                workloads, costs, anchors = run_engine(loaded, prompts, max_tokens, args.repeats, log=log, anchors=up)
         finally:
             loaded.close()
     if agent:
         result = {"workload": "agent", "turns": [{k: t[k] for k in ("session", "turn", "kind", "cross")} for t in prompts],
-                  "workloads": workloads, "totals": totals, "ratios": agent_ratios(totals), "costs": costs,
-                  "threads": threads, "max_tokens": args.max_tokens, "repeats": args.repeats}
+                  "workloads": workloads, "totals": totals, "ratios": agent_ratios(totals),
+                  "answers_unlike_plain": answers_unlike_plain(workloads), "costs": costs,
+                  "threads": threads, "max_tokens": max_tokens, "repeats": args.repeats}
         out.print_json(json.dumps(result)) if args.json else print_agent(result)
         return 0
     anchor_runs = anchors.pop("runs", {})
     result = {"workloads": workloads, "anchors": anchors, "anchor_runs": anchor_runs,
-              "ratios": ratios(workloads, anchor_runs), "costs": costs,
-              "threads": threads, "max_tokens": args.max_tokens, "repeats": args.repeats}
+              "ratios": ratios(workloads, anchor_runs), "answers_unlike_plain": answers_unlike_plain(workloads),
+              "costs": costs,
+              "threads": threads, "max_tokens": max_tokens, "repeats": args.repeats}
     if args.json:
         out.print_json(json.dumps(result))
     else:
@@ -465,7 +508,17 @@ def cmd_bench(args: argparse.Namespace) -> int:
             table.add_row(kind, cell("plain"), cell("draft"), cell("lookup"), cell("adaptive"), f"{r:.2f}" if r else "-",
                           anchor("llama_server_plain"), anchor("llama_server_draft"), anchor("llama_server_lookup"))
         out.print(table)
+        print_answers(result["answers_unlike_plain"])
     return 0
+
+
+def print_answers(unlike: list[dict]) -> None:
+    """Say whether every mode answered as plain decoding did, turn by turn and repeat by repeat."""
+    if not unlike:
+        out.print("answers: every mode gave plain decoding's answer in every run")
+    for u in unlike:
+        out.print(f"answers: {u['kind']} {u['mode']}: {u['differ']} of {u['runs']} runs differ from plain decoding's "
+                  "(a greedy near-tie; its tokens per decode were measured on another answer)")
 
 
 def print_agent(result: dict) -> None:
@@ -493,3 +546,4 @@ def print_agent(result: dict) -> None:
         if key in r:
             out.print(f"{key}: {r[key]:.2f} (min {r[key + '_min']:.2f}, max {r[key + '_max']:.2f})"
                       + (f" [{r['best_ngram_anchor']}]" if key.endswith("ngram_all") else ""))
+    print_answers(result["answers_unlike_plain"])
