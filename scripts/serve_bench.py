@@ -7,9 +7,10 @@ Both servers (`specdeck serve --parallel 4`, `llama-server -np 4`, same models, 
 and flash attention: off by default, as specdeck plans a CPU, so both decode with the same numerics)
 run at once, and measurements alternate between them: aggregate generated tokens/s with
 1, 2 and 4 concurrent clients (greedy, --tokens each, `ignore_eos`, so both servers generate the
-same count). Workloads: `helpers` (default) gives each client its own short code prompt; `coding`
-sends the speed issue's four prompts (code completion, code edit, code question, prose; chat
-rendered with the model's template) n at a time; `agent` sends the agent workload's turns
+same count; with `--until-eos` each answer ends at the model's end of answer, --tokens a cap).
+Workloads: `helpers` (default) gives each client its own short code prompt; `coding` sends the
+speed issue's four prompts (code completion, code edit, code question, prose; chat rendered with
+the model's template) n at a time; `agent` sends the agent workload's turns
 (app/commands/workloads.py) in session order, n at a time. Every measurement sends its own API key
 to specdeck, so its suffix index starts empty for it (the index is partitioned by key): no
 measurement drafts from an earlier measurement's answers to the same prompts. specdeck's prompt
@@ -50,10 +51,11 @@ from app.settings import hub_settings, paths  # noqa: E402
 DRAFTS: dict[str, list[int]] = {}  # url -> [drafted, accepted] over the timed requests (specdeck's timings)
 KEYS = {f"m{i}": f"sk-bench-{i:03d}-{os.urandom(4).hex()}" for i in range(64)}  # one per measurement
 CURRENT = {"key": "m0"}
+IGNORE_EOS = {"on": True}  # off with --until-eos: each answer ends where the model ends it
 
 
 def complete(url: str, prompt: str, tokens: int) -> int:
-    body = {"prompt": prompt, "max_tokens": tokens, "temperature": 0, "ignore_eos": True}
+    body = {"prompt": prompt, "max_tokens": tokens, "temperature": 0, "ignore_eos": IGNORE_EOS["on"]}
     headers = {"Authorization": f"Bearer {KEYS[CURRENT['key']]}"}  # llama-server ignores it
     r = httpx.post(url + "/v1/completions", json=body, headers=headers, timeout=600).json()
     t = r.get("timings") or {}
@@ -149,11 +151,15 @@ def main() -> int:
     ap.add_argument("--llama-server-arg", action="append", default=[], help="extra flag for llama-server (repeatable)")
     ap.add_argument("--workload", choices=["helpers", "coding", "agent"], default="helpers")
     ap.add_argument("--no-ttft", action="store_true", help="skip the long-prompt TTFT check")
+    ap.add_argument("--until-eos", action="store_true",
+                    help="answers end where the model ends them (--tokens is then a cap), as an agent receives "
+                         "them; tokens/s counts what each server generated")
     ap.add_argument("--flash-attn", choices=["on", "off"], default="off",
                     help="both servers' flash attention (default off: specdeck's plan on a CPU; llama-server's own "
                          "default, auto, is on)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
+    IGNORE_EOS["on"] = not args.until_eos
     catalog = load_catalog()
     preset = catalog.preset(args.preset)
     fetcher = Fetcher(paths(), hub_settings(), __import__("rich.console").console.Console(quiet=True))
