@@ -377,16 +377,12 @@ class AnchorServers:
 
     def measure(self, name: str, ids: list[int], max_tokens: int) -> float:
         """Generated tokens/s for one greedy request through llama-server's /completion."""
-        n, seconds, _ = self.measure_counted(name, ids, max_tokens)
+        n, seconds, _, _ = self.measure_answer(name, ids, max_tokens)
         return n / seconds if seconds else 0.0
 
-    def measure_counted(self, name: str, ids: list[int], max_tokens: int) -> tuple[int, float, float]:
-        """(generated tokens, seconds generating, tokens per target decode) for one greedy request."""
-        n, seconds, per_decode, _ = self.measure_answer(name, ids, max_tokens)
-        return n, seconds, per_decode
-
     def measure_answer(self, name: str, ids: list[int], max_tokens: int) -> tuple[int, float, float, list[int]]:
-        """`measure_counted` and the answer's token ids."""
+        """(generated tokens, seconds generating, tokens per target decode, the answer's token ids)
+        for one greedy request."""
         r = _post(self.urls[name] + "/completion", {"prompt": ids, "n_predict": max_tokens, "temperature": 0,
                                                     "cache_prompt": False, "top_k": 1, "return_tokens": True})
         return (*counted(r["timings"]), list(r.get("tokens") or []))
@@ -518,7 +514,7 @@ def print_answers(unlike: list[dict]) -> None:
         out.print("answers: every mode gave plain decoding's answer in every run")
     for u in unlike:
         out.print(f"answers: {u['kind']} {u['mode']}: {u['differ']} of {u['runs']} runs differ from plain decoding's "
-                  "(a greedy near-tie; its tokens per decode were measured on another answer)")
+                  "(their tokens per decode are of another answer; `specdeck verify` shows whether it parts at a near-tie)")
 
 
 def print_agent(result: dict) -> None:
