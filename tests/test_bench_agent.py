@@ -6,11 +6,12 @@ turn's answer); the built-in prompts clear the index before every run."""
 from __future__ import annotations
 
 import re
-
 import sys
 from pathlib import Path
 
-from app.commands.bench import AGENT_MODES, AnchorServers, agent_ratios, run_agent, run_engine
+import pytest
+
+from app.commands.bench import AGENT_MODES, AnchorServers, agent_ratios, run_agent, run_engine, workload_per_decode
 from app.commands.workloads import agent_turns, function_source
 from app.engine.loader import load
 from app.gguf.info import read_model_info
@@ -38,7 +39,7 @@ def test_each_mode_starts_from_an_empty_index_that_the_turns_fill(tiny):
     lines: list[str] = []
     loaded = _loaded(tiny)
     try:
-        summary, _, _, totals = run_agent(loaded, turns, 24, 2, log=lines.append)
+        summary, _, per_decode, totals = run_agent(loaded, turns, 24, 2, log=lines.append)
         builtin, _, _ = run_engine(loaded, [{"kind": "p", "prompt": "a b c d e"}], 24, 2, modes=("suffix",),
                                    log=lines.append)
     finally:
@@ -55,6 +56,13 @@ def test_each_mode_starts_from_an_empty_index_that_the_turns_fill(tiny):
     # each run's answer is kept as a digest: plain decoding answers the same in both repeats
     plain = again["plain"]["answers"]
     assert len(plain) == 2 and plain[0] == plain[1] and all(len(again[m]["answers"]) == 2 for m in AGENT_MODES)
+    # the turns together: tokens over decodes, so between the turns' own figures; the one cross turn is itself
+    for m in AGENT_MODES:
+        for rep in range(2):
+            one = [summary[k][m]["tokens_per_decode_all"][rep] for k in ("agent-first", "agent-again")]
+            assert per_decode[m]["cross"][rep] == pytest.approx(one[1])
+            assert min(one) - 1e-9 <= per_decode[m]["all"][rep] <= max(one) + 1e-9
+    assert workload_per_decode(per_decode)["suffix"]["cross"] > 3
     ratios = agent_ratios(totals)
     assert ratios["adaptive_vs_plain_cross"] > 0 and "adaptive_vs_adaptive_local_cross_min" in ratios
     # the built-in prompts clear the index before every run: the second repeat drafts as the first did

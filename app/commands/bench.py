@@ -202,59 +202,69 @@ def run_agent(loaded: Loaded, turns: list[dict], max_tokens: int, repeats: int, 
               anchors: AnchorServers | None = None) -> tuple[dict, dict, dict, dict]:
     """The agent workload: in each repeat, every mode replays all turns in session order from an
     empty suffix index (the modes' order flips each repeat), then each anchor does. Returns
-    {kind: {mode: summary}}, the costs, {anchor: {kind: tok_s}}, and the per-repeat totals
-    {mode or anchor: {"all" | "cross": [(tokens, seconds) per repeat]}}."""
+    {kind: {mode: summary}}, the costs, the tokens per target decode of the turns together and the
+    workload tokens/s, each {mode or anchor: {"all" | "cross": [per repeat]}}."""
     controller = _calibrated(loaded, log)
     drafters = _drafters(loaded, controller)
     ids = [prompt_tokens(loaded.tokenizer, t) for t in turns]
     results: dict[str, dict[str, ModeResult]] = {}
     totals: dict[str, dict[str, list]] = {}
+    per_decode: dict[str, dict[str, list]] = {}
     for rep in range(repeats):
         for mode in (modes if rep % 2 == 0 else tuple(reversed(modes))):
             drafter = drafters[mode]
             if mode != "plain" and drafter is None:
                 continue
             clear_index(drafter)
-            sums = {"all": [0, 0.0], "cross": [0, 0.0]}
+            sums = {"all": [0, 0.0, 0.0], "cross": [0, 0.0, 0.0]}
             for turn, prompt in zip(turns, ids):
                 index = suffix_index(drafter)
                 held = index.holds() if index is not None else None  # before this turn joins it
                 res = results.setdefault(turn["kind"], {}).setdefault(mode, ModeResult())
                 r = measure_one(loaded, drafter, mode, prompt, max_tokens, res)
-                _add(sums, turn, len(r.completion), r.t_generate)
+                _add(sums, turn, len(r.completion), r.t_generate, r.target_decodes)
                 log(f"  [{rep + 1}/{repeats}] {turn['session']}{turn['turn']} {turn['kind']:22} {mode:14} "
                     f"{r.generation_tps or 0:6.1f} tok/s  tokens/decode {r.tokens_per_decode or 0:.2f}"
                     + (f"  (index held {held['documents']} requests, {held['tokens']:,} tokens)" if held else ""))
-            _total(totals, mode, sums)
+            _total(totals, per_decode, mode, sums)
         if anchors and rep:
             anchors.restart()  # each repeat from empty n-gram pools, as the modes start from an empty index
         for name in (anchors.urls if anchors else {}):
-            sums = {"all": [0, 0.0], "cross": [0, 0.0]}
+            sums = {"all": [0, 0.0, 0.0], "cross": [0, 0.0, 0.0]}
             for turn, prompt in zip(turns, ids):
-                n, seconds, per_decode, answer = anchors.measure_answer(name, prompt, max_tokens)
+                n, seconds, tpd, answer = anchors.measure_answer(name, prompt, max_tokens)
                 res = results.setdefault(turn["kind"], {}).setdefault(name, ModeResult())
                 res.tok_s.append(n / seconds if seconds else 0.0)
                 res.tokens.append(n)
                 if answer:
                     res.answers.append(answer_digest(answer, loaded.tokenizer.stop_tokens))
-                res.tokens_per_decode.append(per_decode)
-                _add(sums, turn, n, seconds)
+                res.tokens_per_decode.append(tpd)
+                _add(sums, turn, n, seconds, n / tpd if tpd else 0.0)
                 log(f"  [{rep + 1}/{repeats}] {turn['session']}{turn['turn']} {turn['kind']:22} {name:14} "
-                    f"{n / seconds if seconds else 0:6.1f} tok/s  tokens/decode {per_decode:.2f}")
-            _total(totals, name, sums)
+                    f"{n / seconds if seconds else 0:6.1f} tok/s  tokens/decode {tpd:.2f}")
+            _total(totals, per_decode, name, sums)
     summary = {kind: {mode: res.summary() for mode, res in modes_.items()} for kind, modes_ in results.items()}
-    return summary, _costs_json(controller), {}, totals
+    return summary, _costs_json(controller), per_decode, totals
 
 
-def _add(sums: dict, turn: dict, tokens: int, seconds: float) -> None:
+def _add(sums: dict, turn: dict, tokens: int, seconds: float, decodes: float) -> None:
     for part in ("all", "cross") if turn["cross"] else ("all",):
         sums[part][0] += tokens
         sums[part][1] += seconds
+        sums[part][2] += decodes
 
 
-def _total(totals: dict, mode: str, sums: dict) -> None:
-    for part, (n, seconds) in sums.items():
+def _total(totals: dict, per_decode: dict, mode: str, sums: dict) -> None:
+    """One repeat of one mode: tokens/s, and tokens per target decode, of the turns together."""
+    for part, (n, seconds, decodes) in sums.items():
         totals.setdefault(mode, {}).setdefault(part, []).append(n / seconds if seconds else 0.0)
+        per_decode.setdefault(mode, {}).setdefault(part, []).append(n / decodes if decodes else 0.0)
+
+
+def workload_per_decode(per_decode: dict) -> dict:
+    """Tokens per target decode of the turns together (their tokens over their decodes), per mode:
+    the median of the repeats, and each repeat's."""
+    return {m: {**{p: statistics.median(v) for p, v in parts.items()}, "runs": parts} for m, parts in per_decode.items()}
 
 
 def agent_ratios(totals: dict) -> dict:
@@ -473,8 +483,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
                    "empty suffix index that the turns fill in order)" if agent else
                    "; the suffix index is cleared before every run"))
             if agent:
-                workloads, costs, anchors, totals = run_agent(loaded, prompts, max_tokens, args.repeats, log=log,
-                                                              anchors=up)
+                workloads, costs, per_decode, totals = run_agent(loaded, prompts, max_tokens, args.repeats, log=log,
+                                                                 anchors=up)
             else:
                 workloads, costs, anchors = run_engine(loaded, prompts, max_tokens, args.repeats, log=log, anchors=up)
         finally:
@@ -482,6 +492,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if agent:
         result = {"workload": "agent", "turns": [{k: t[k] for k in ("session", "turn", "kind", "cross")} for t in prompts],
                   "workloads": workloads, "totals": totals, "ratios": agent_ratios(totals),
+                  "tokens_per_decode": workload_per_decode(per_decode),
                   "answers_unlike_plain": answers_unlike_plain(workloads), "costs": costs,
                   "threads": threads, "max_tokens": max_tokens, "repeats": args.repeats}
         out.print_json(json.dumps(result)) if args.json else print_agent(result)
@@ -533,9 +544,11 @@ def print_agent(result: dict) -> None:
                        else f"{s['tok_s']:.1f}" if s and s["tok_s"] else "-")
         table.add_row(*row)
     r = result["ratios"]
+    per_decode = result.get("tokens_per_decode", {})
     for part in ("cross", "all"):
         table.add_row(f"workload: {'cross-request turns' if part == 'cross' else 'all turns'}",
-                      *[f"{r['tok_s'][m][part]:.1f}" for m in modes])
+                      *[f"{r['tok_s'][m][part]:.1f}" + (f" ({per_decode[m][part]:.2f})" if m in per_decode else "")
+                        for m in modes])
     out.print(table)
     for key in ("adaptive_vs_plain_cross", "adaptive_vs_adaptive_local_cross", "adaptive_vs_plain_all",
                 "adaptive_vs_best_ngram_all"):
