@@ -137,3 +137,28 @@ def test_the_copy_bound_counts_decodes_with_the_best_copy_known():
     assert copy_bound([], prompt, prompt[10:40], key=3) == 2 + 2
     assert copy_bound(earlier, prompt, changed, key=3) == 2 + 1 + 4 + 3  # 2 plain, a draft, 999 and 3 plain, 3 drafts
     assert copy_bound(two, [5], [6, 7, 50, 51, 52, 9], key=3) == 2  # a plain step, then the occurrence that agrees
+
+
+def test_vs_commit_sums_the_turns_and_pairs_the_repeats():
+    """scripts/vs_commit.py: a turn group's tokens/s is its tokens over its seconds, tokens per decode
+    its tokens over its decodes; ratios are paired per repeat."""
+    import argparse
+    import importlib.util
+
+    from conftest import ROOT
+
+    spec = importlib.util.spec_from_file_location("vs_commit", ROOT / "scripts" / "vs_commit.py")
+    vs = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(vs)
+    turn = lambda n, s, d: {"tokens": n, "seconds": s, "decodes": d}  # noqa: E731
+    cross = [False, True, True]
+    plain = [[turn(100, 10.0, 100), turn(50, 5.0, 50), turn(50, 5.0, 50)]] * 2
+    fast = [[turn(100, 5.0, 25), turn(50, 1.0, 10), turn(50, 4.0, 40)],  # cross: 100 tokens in 5 s, 50 decodes
+            [turn(100, 5.0, 25), turn(50, 2.0, 10), turn(50, 3.0, 40)]]
+    assert vs._rate(fast[0], cross) == (20.0, 2.0)
+    runs = {"plain": plain, "adaptive": fast, "adaptive-local": plain, "79d153f adaptive": plain}
+    got = vs.summarize(runs, cross, argparse.Namespace(commit="79d153f", max_tokens=8, repeats=2, threads=1))
+    assert got["modes"]["adaptive"]["cross"] == {"tok_s": 20.0, "tokens_per_decode": 2.0}
+    assert got["modes"]["adaptive"]["all"]["tokens_per_decode"] == 200 / 75
+    assert got["ratios"]["adaptive / 79d153f adaptive, cross turns"] == (2.0, 2.0, 2.0)
+    assert got["ratios"]["adaptive / plain, all turns"] == (2.0, 2.0, 2.0)  # 200 tokens in 10 s against 20 s
