@@ -56,6 +56,8 @@ def _plan_and_load(tree: Path, preset: str, threads: int):
 
 
 def _one(loaded, drafter, mode: str, ids: list[int], max_tokens: int, n_max: int) -> dict:
+    """One greedy request, as `bench.measure_one` runs it. Kept here rather than imported: an
+    earlier commit's bench has no `measure_one`, and this must run the same way in both trees."""
     from app.engine.engine import Engine, Request, SpecParams
 
     engine = Engine(loaded.target, drafter, 1, draft_limit=n_max, costs=getattr(drafter, "controller", None))
