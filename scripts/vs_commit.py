@@ -107,8 +107,15 @@ def _spawn(tree: Path, modes: list[str], turns_file: Path, args, flip: bool) -> 
         cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", str(tree), "--modes", ",".join(modes),
                "--turns-file", str(turns_file), "--max-tokens", str(args.max_tokens), "--threads", str(args.threads),
                "--preset", args.preset, "--out", f.name] + (["--flip"] if flip else [])
-        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        done = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        if done.returncode != 0:
+            last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+            raise RunFailed(f"the run in {tree} failed: {last}")
         return json.loads(Path(f.name).read_text())
+
+
+class RunFailed(Exception):
+    """A step that did not work, told in one line."""
 
 
 def main() -> int:
@@ -147,7 +154,11 @@ def main() -> int:
     cross = [t["cross"] for t in turns]
     with tempfile.TemporaryDirectory() as tmp:
         old = Path(tmp) / "old"
-        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "-q", str(old), args.commit], check=True)
+        made = subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "-q", str(old), args.commit],
+                              capture_output=True, text=True)
+        if made.returncode != 0:
+            print(f"vs_commit: git could not check out {args.commit}: {made.stderr.strip()}", file=sys.stderr)
+            return 2
         turns_file = Path(tmp) / "turns.json"
         turns_file.write_text(json.dumps(ids))
         runs: dict[str, list[dict]] = {}
@@ -162,6 +173,9 @@ def main() -> int:
                     print(f"[{rep + 1}/{args.repeats}] {who}: " + ", ".join(
                         f"{m} {_rate(v, cross)[0]:.1f} tok/s cross ({_rate(v, cross)[1]:.2f} per decode)"
                         for m, v in got.items()), file=sys.stderr, flush=True)
+        except RunFailed as e:
+            print(f"vs_commit: {e}", file=sys.stderr)
+            return 1
         finally:
             subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(old)], check=False)
     result = summarize(runs, cross, args)
