@@ -55,6 +55,25 @@ def _plan_and_load(tree: Path, preset: str, threads: int):
     return load(plan, target, draft, threads)
 
 
+def prompt_ids(turns: list[dict], preset: str) -> list[list[int]]:
+    """The turns' prompts as token ids, with the target's own tokenizer (its weights mapped, no context)."""
+    from app.commands.common import catalog_from_args, local_path, make_fetcher, make_selection
+    from app.commands.equivalence import prompt_tokens
+    from app.engine.text import Tokenizer
+    from app.gguf.info import read_model_info
+    from app.llama.context import Model
+
+    sel = make_selection(argparse.Namespace(name=preset, target=None, draft=None, models=None),
+                         catalog_from_args(argparse.Namespace(models=None)))
+    target = read_model_info(local_path(make_fetcher(offline=True), sel.target))
+    model = Model(Path(target.path))
+    try:
+        tok = Tokenizer(model, target.vocab.chat_template)
+        return [prompt_tokens(tok, t) for t in turns]
+    finally:
+        model.close()
+
+
 def _one(loaded, drafter, mode: str, ids: list[int], max_tokens: int, n_max: int) -> dict:
     """One greedy request, as `bench.measure_one` runs it. Kept here rather than imported: an
     earlier commit's bench has no `measure_one`, and this must run the same way in both trees."""
@@ -142,15 +161,9 @@ def main() -> int:
         return 2
 
     sys.path.insert(0, str(ROOT))
-    from app.commands.equivalence import prompt_tokens
     from app.commands.workloads import agent_turns
 
     turns = agent_turns()
-    loaded_tok = _plan_and_load(ROOT, args.preset, 1)
-    try:
-        ids = [prompt_tokens(loaded_tok.tokenizer, t) for t in turns]
-    finally:
-        loaded_tok.close()
     cross = [t["cross"] for t in turns]
     with tempfile.TemporaryDirectory() as tmp:
         old = Path(tmp) / "old"
@@ -160,7 +173,7 @@ def main() -> int:
             print(f"vs_commit: git could not check out {args.commit}: {made.stderr.strip()}", file=sys.stderr)
             return 2
         turns_file = Path(tmp) / "turns.json"
-        turns_file.write_text(json.dumps(ids))
+        turns_file.write_text(json.dumps(prompt_ids(turns, args.preset)))
         runs: dict[str, list[dict]] = {}
         try:
             for rep in range(args.repeats):
