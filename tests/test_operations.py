@@ -95,11 +95,27 @@ def test_gpu_temperature_power_and_rss_growth():
     b = book(gpu_temperature_margin=5, gpu_power=0.98, rss_growth=0.25, rss_window=600)
     s = feed(b, Observation(t=0, gpu_temperature=70, gpu_slowdown=90, gpu_power=200, gpu_power_limit=350, rss=1000),
              Observation(t=60, gpu_temperature=86, gpu_slowdown=90, gpu_power=345, gpu_power_limit=350, rss=1200),
-             Observation(t=120, gpu_temperature=80, gpu_slowdown=None, gpu_power=100, gpu_power_limit=350, rss=1300),
-             Observation(t=900, gpu_temperature=60, gpu_slowdown=90, gpu_power=100, gpu_power_limit=350, rss=1310))
+             Observation(t=605, gpu_temperature=80, gpu_slowdown=None, gpu_power=100, gpu_power_limit=350, rss=1300),
+             Observation(t=700, gpu_temperature=60, gpu_slowdown=90, gpu_power=100, gpu_power_limit=350, rss=1310))
     assert ["gpu_temperature_high" in x for x in s] == [False, True, True, False]  # no slowdown reading: 83 - 5
     assert ["gpu_power_high" in x for x in s] == [False, True, False, False]
-    assert ["rss_growth" in x for x in s] == [False, False, True, False]  # +30 % in 120 s; then the window moved
+    # +20 % in the first minute is not judged (no whole window yet); +30 % against the reading 600 s
+    # before; then against the reading at t=60 (1200 -> 1310: +9 %)
+    assert ["rss_growth" in x for x in s] == [False, False, True, False]
+    assert "grew 30% in 605 s" in b.states["rss_growth"].message
+
+
+def test_rss_growth_waits_for_a_whole_window():
+    """A server whose memory doubles in its first seconds (the KV cache faulted in by its first
+    requests) raises nothing until it has run a whole RSS window, then judges against the reading one
+    window back, as `offset 10m` does in the Prometheus rule."""
+    b = book(rss_growth=0.25, rss_window=600, interval=5)
+    readings = [Observation(t=t, rss=1000 if t == 0 else 2000 + t // 10) for t in range(0, 1200, 5)]
+    s = feed(b, *readings)
+    assert not any("rss_growth" in x for x in s[:120])  # t < 600: not a whole window yet
+    assert "rss_growth" in s[120]  # t = 600, against t = 0: 1000 -> 2060
+    assert not any("rss_growth" in x for x in s[121:])  # then against t - 600: +3 % at most
+    assert b.states["rss_growth"].value == pytest.approx((2000 + 119) / (2000 + 59) - 1)
 
 
 def test_watcher_sets_gauges_and_logs_each_transition_once(caplog):
@@ -150,9 +166,7 @@ def test_alerts_on_the_real_server_error_rate_and_queue_saturation(tiny):
     s = Serve("--target", str(tiny.target), "--draft", str(tiny.draft), "--port", str(port), "--ctx", "2048",
               "--parallel", "1", "--max-queue", "1",
               env={"SPECDECK_ALERT_INTERVAL": "0.2", "SPECDECK_ALERT_WINDOW": "3", "SPECDECK_ALERT_ERROR_MIN_REQUESTS": "5",
-                   "SPECDECK_ALERT_ACCEPTANCE_MIN": "0",  # the random-weight draft's acceptance is ~0: not this test's alert
-                   # a ~100 MiB process grows by a third under six long requests (seen): not this test's alert either
-                   "SPECDECK_ALERT_RSS_GROWTH": "100"})
+                   "SPECDECK_ALERT_ACCEPTANCE_MIN": "0"})  # the random-weight draft's acceptance is ~0: not this test's alert
     url = f"http://127.0.0.1:{port}"
     try:
         assert s.wait_line("models loaded"), s.output

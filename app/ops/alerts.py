@@ -9,7 +9,9 @@ app/server/watch.py) and deploy/prometheus/alerts.yml states the same rules in P
     queue_saturated      queue depth >= saturation x the queue limit, or a 429 within the window
     gpu_temperature_high GPU temperature >= the card's slowdown temperature - margin
     gpu_power_high       GPU power >= fraction x the card's enforced power limit
-    rss_growth           resident memory grew by more than a fraction over the RSS window
+    rss_growth           resident memory grew by more than a fraction since one RSS window ago (judged
+                         once the server has run a whole window, as PromQL's `offset` does: the first
+                         requests fault in the KV cache and the caches fill, which is no leak)
 """
 
 from __future__ import annotations
@@ -107,7 +109,8 @@ class AlertBook:
         """Judge every rule on this reading; returns the alerts that changed state."""
         self._history.append(obs)
         keep = max(self.settings.window, self.settings.rss_window)
-        while self._history and obs.t - self._history[0].t > keep:
+        # the oldest reading kept is the latest one at least `keep` old (the RSS window's reference)
+        while len(self._history) > 1 and obs.t - self._history[1].t >= keep:
             self._history.popleft()
         changed = []
         for name in NAMES:
@@ -132,6 +135,15 @@ class AlertBook:
     def _oldest(self, obs: Observation, span: float) -> Observation:
         """The earliest reading within `span` seconds of `obs`."""
         return next(o for o in self._history if obs.t - o.t <= span)
+
+    def _at_or_before(self, t: float) -> Observation | None:
+        """The latest reading at or before time `t` (None: the history starts after it)."""
+        found = None
+        for o in self._history:
+            if o.t > t:
+                break
+            found = o
+        return found
 
     def _acceptance_low(self, obs: Observation) -> _Verdict:
         s = self.settings
@@ -196,8 +208,8 @@ class AlertBook:
         s = self.settings
         if obs.rss is None:
             return _Verdict(False)
-        then = self._oldest(obs, s.rss_window)
-        if then.rss is None or then.rss <= 0 or then is obs:
+        then = self._at_or_before(obs.t - s.rss_window)
+        if then is None or then.rss is None or then.rss <= 0:  # not a whole window yet
             return _Verdict(False)
         growth = (obs.rss - then.rss) / then.rss
         return _Verdict(growth > s.rss_growth, growth, s.rss_growth,
