@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """The server under load, side by side with llama-server built from the same llama.cpp sources.
 
-    python scripts/serve_bench.py [--preset coder-1.5b] [--tokens 128] [--rounds 2] [--workload W] [--json]
+    python scripts/serve_bench.py [--preset coder-1.5b] [--tokens 128] [--rounds 2] [--workload W]
+                                  [--steady SECONDS] [--json]
 
 Both servers (`specdeck serve --parallel 4`, `llama-server -np 4`, same models, context, threads
 and flash attention: off by default, as specdeck plans a CPU, so both decode with the same numerics)
@@ -20,7 +21,12 @@ cache holds them from the warm-up both servers get. Each ratio is taken per
 round (the two servers measured back to back, who goes first alternating), then the median of the
 rounds with its min and max; the same for the requests' mean latency (llama-server's over
 specdeck's: a server that finishes one request early shortens it, while tokens/s counts until the
-last request ends). Then time to first token for a ~2.3K-token prompt sent cold and then
+last request ends). With `--steady SECONDS` each measurement instead keeps n requests under way
+for that long, each client sending its prompts again and again, and counts the tokens that arrive
+in the window: the server's rate at n concurrent streams, where a request that ends early is
+followed by the next rather than leaving its client idle until the last one ends (specdeck's
+requests then keep out of the suffix index: a resent prompt would draft from its own last answer).
+Then time to first token for a ~2.3K-token prompt sent cold and then
 again (the prompt cache). Loopback only; bounded counts; stops by itself.
 """
 
@@ -102,6 +108,47 @@ def aggregate(url: str, streams: int, tokens: int, prompts: list[str] | None = N
     return sum(n for n, _ in done) / (time.perf_counter() - t), statistics.mean(s for _, s in done)
 
 
+def steady(url: str, streams: int, tokens: int, prompts: list[str], seconds: float,
+           extra: dict | None = None) -> tuple[float, float]:
+    """Tokens/s at a constant `streams` requests under way: each client sends its prompts (client i:
+    prompts i, i + streams, ... of the list, in turn) again and again, the next as soon as the last
+    answer ends, for `seconds`. Each answer is streamed (llama.cpp's /completion, token ids in every
+    chunk) and only the tokens that arrive within the window count, so no request's tail, and no
+    client left alone at the end, weighs on it. Requests under way at the end are read to their end
+    (uncounted) before the next measurement. Also the mean latency of all the requests. `extra` is
+    added to every request's body."""
+    deadline = time.perf_counter() + seconds
+    headers = {"Authorization": f"Bearer {KEYS[CURRENT['key']]}"}
+
+    def client(i: int) -> tuple[int, list[float]]:
+        mine = prompts[i::streams] or [prompts[i % len(prompts)]]
+        counted, waits, j = 0, [], 0
+        while time.perf_counter() < deadline:
+            body = {"prompt": mine[j % len(mine)], "n_predict": tokens, "temperature": 0, "stream": True,
+                    "cache_prompt": True, "ignore_eos": IGNORE_EOS["on"], **(extra or {})}
+            j += 1
+            t = time.perf_counter()
+            with httpx.stream("POST", url + "/completion", json=body, headers=headers, timeout=600) as r:
+                r.raise_for_status()
+                for line in r.iter_lines():
+                    if not line.startswith("data: "):
+                        continue
+                    chunk = json.loads(line[6:])
+                    if time.perf_counter() <= deadline:
+                        counted += len(chunk.get("tokens") or [])
+                    t_ = chunk.get("timings") or {}
+                    if chunk.get("stop") and t_:
+                        totals = DRAFTS.setdefault(url, [0, 0])
+                        totals[0] += int(t_.get("draft_n") or 0)
+                        totals[1] += int(t_.get("draft_n_accepted") or 0)
+            waits.append(time.perf_counter() - t)
+        return counted, waits
+
+    with concurrent.futures.ThreadPoolExecutor(streams) as pool:
+        done = list(pool.map(client, range(streams)))
+    return sum(n for n, _ in done) / seconds, statistics.mean(w for _, ws in done for w in ws)
+
+
 def prime(url: str, prompts: list[str]) -> None:
     """The current key's prompt cache holds these prompts (evaluated, nothing generated)."""
     headers = {"Authorization": f"Bearer {KEYS[CURRENT['key']]}"}
@@ -157,6 +204,11 @@ def main() -> int:
     ap.add_argument("--flash-attn", choices=["on", "off"], default="off",
                     help="both servers' flash attention (default off: specdeck's plan on a CPU; llama-server's own "
                          "default, auto, is on)")
+    ap.add_argument("--steady", type=float, metavar="SECONDS",
+                    help="instead of each measurement's prompts once: n clients each sending theirs again and "
+                         "again for SECONDS (a constant n requests under way), tokens/s over that window; specdeck's "
+                         "requests then draft from their own text only (`cross_request` off: a resent prompt "
+                         "would else draft from its own last answer)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     IGNORE_EOS["on"] = not args.until_eos
@@ -200,7 +252,12 @@ def main() -> int:
                 for name in order:
                     if name == "specdeck":
                         prime(running[name][0], prompts if prompts is not None else helper_prompts(n))
-                    tok_s, wait = aggregate(running[name][0], n, args.tokens, prompts)
+                    if args.steady:
+                        own = {"speculative": {"cross_request": False}} if name == "specdeck" else None
+                        tok_s, wait = steady(running[name][0], n, args.tokens,
+                                             prompts if prompts is not None else helper_prompts(n), args.steady, own)
+                    else:
+                        tok_s, wait = aggregate(running[name][0], n, args.tokens, prompts)
                     samples[name][n].append(tok_s)
                     latency[name][n].append(wait)
             order.reverse()  # ABBA: who goes first alternates, so a drift falls on both sides
