@@ -64,11 +64,15 @@ def complete(url: str, prompt: str, tokens: int) -> int:
     body = {"prompt": prompt, "max_tokens": tokens, "temperature": 0, "ignore_eos": IGNORE_EOS["on"]}
     headers = {"Authorization": f"Bearer {KEYS[CURRENT['key']]}"}  # llama-server ignores it
     r = httpx.post(url + "/v1/completions", json=body, headers=headers, timeout=600).json()
-    t = r.get("timings") or {}
-    totals = DRAFTS.setdefault(url, [0, 0])
-    totals[0] += int(t.get("draft_n") or 0)
-    totals[1] += int(t.get("draft_n_accepted") or 0)
+    count_drafts(url, r.get("timings") or {})
     return int(r["usage"]["completion_tokens"])
+
+
+def count_drafts(url: str, timings: dict) -> None:
+    """Add a request's drafted and kept tokens (its llama.cpp-style timings) to the server's totals."""
+    totals = DRAFTS.setdefault(url, [0, 0])
+    totals[0] += int(timings.get("draft_n") or 0)
+    totals[1] += int(timings.get("draft_n_accepted") or 0)
 
 
 def helper_prompts(streams: int) -> list[str]:
@@ -136,11 +140,8 @@ def steady(url: str, streams: int, tokens: int, prompts: list[str], seconds: flo
                     chunk = json.loads(line[6:])
                     if time.perf_counter() <= deadline:
                         counted += len(chunk.get("tokens") or [])
-                    t_ = chunk.get("timings") or {}
-                    if chunk.get("stop") and t_:
-                        totals = DRAFTS.setdefault(url, [0, 0])
-                        totals[0] += int(t_.get("draft_n") or 0)
-                        totals[1] += int(t_.get("draft_n_accepted") or 0)
+                    if chunk.get("stop"):
+                        count_drafts(url, chunk.get("timings") or {})
             waits.append(time.perf_counter() - t)
         return counted, waits
 
@@ -211,6 +212,8 @@ def main() -> int:
                          "would else draft from its own last answer)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
+    if args.steady is not None and args.steady <= 0:
+        ap.error(f"--steady is a window in seconds, above 0 (got {args.steady:g})")
     IGNORE_EOS["on"] = not args.until_eos
     catalog = load_catalog()
     preset = catalog.preset(args.preset)

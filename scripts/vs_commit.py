@@ -32,22 +32,28 @@ ROOT = Path(__file__).resolve().parent.parent
 OLD_ADAPTIVE = "79d153f"  # the last commit before the suffix index (#20)
 
 
+def _pair_info(preset: str):
+    """The preset's target and draft headers, from the local copies (with whichever tree's code is
+    imported)."""
+    from app.commands.common import catalog_from_args, local_path, make_fetcher, make_selection
+    from app.gguf.info import read_model_info
+
+    args = argparse.Namespace(name=preset, target=None, draft=None, models=None)
+    sel = make_selection(args, catalog_from_args(args))
+    fetcher = make_fetcher(offline=True)
+    return read_model_info(local_path(fetcher, sel.target)), read_model_info(local_path(fetcher, sel.draft))
+
+
 def _plan_and_load(tree: Path, preset: str, threads: int):
     """The pair loaded by `tree`'s own code, flash attention off, costs calibrated as its bench does."""
     import dataclasses
 
     sys.path.insert(0, str(tree))
-    from app.commands.common import catalog_from_args, local_path, make_fetcher, make_selection
     from app.engine.loader import load
-    from app.gguf.info import read_model_info
     from app.plan.hardware import detect
     from app.plan.planner import PlanRequest, make_plan
 
-    args = argparse.Namespace(name=preset, target=None, draft=None, models=None)
-    sel = make_selection(args, catalog_from_args(args))
-    fetcher = make_fetcher(offline=True)
-    target = read_model_info(local_path(fetcher, sel.target))
-    draft = read_model_info(local_path(fetcher, sel.draft))
+    target, draft = _pair_info(preset)
     plan = make_plan(target, draft, PlanRequest(ctx=4096, ctx_is_user_choice=True, parallel=1, draft_max=16),
                      detect(), 4096)
     plan = dataclasses.replace(plan, target=dataclasses.replace(plan.target, flash_attn=False),
@@ -57,15 +63,11 @@ def _plan_and_load(tree: Path, preset: str, threads: int):
 
 def prompt_ids(turns: list[dict], preset: str) -> list[list[int]]:
     """The turns' prompts as token ids, with the target's own tokenizer (its weights mapped, no context)."""
-    from app.commands.common import catalog_from_args, local_path, make_fetcher, make_selection
     from app.commands.equivalence import prompt_tokens
     from app.engine.text import Tokenizer
-    from app.gguf.info import read_model_info
     from app.llama.context import Model
 
-    sel = make_selection(argparse.Namespace(name=preset, target=None, draft=None, models=None),
-                         catalog_from_args(argparse.Namespace(models=None)))
-    target = read_model_info(local_path(make_fetcher(offline=True), sel.target))
+    target, _ = _pair_info(preset)
     model = Model(Path(target.path))
     try:
         tok = Tokenizer(model, target.vocab.chat_template)
