@@ -2,7 +2,7 @@
 """The server under load, side by side with llama-server built from the same llama.cpp sources.
 
     python scripts/serve_bench.py [--preset coder-1.5b] [--tokens 128] [--rounds 2] [--workload W]
-                                  [--steady SECONDS] [--json]
+                                  [--steady SECONDS] [--ttft-only] [--ttft-copies N] [--json]
 
 Both servers (`specdeck serve --parallel 4`, `llama-server -np 4`, same models, context, threads
 and flash attention: off by default, as specdeck plans a CPU, so both decode with the same numerics)
@@ -27,7 +27,8 @@ in the window: the server's rate at n concurrent streams, where a request that e
 followed by the next rather than leaving its client idle until the last one ends (specdeck's
 requests then keep out of the suffix index: a resent prompt would draft from its own last answer).
 Then time to first token for a ~2.3K-token prompt sent cold and then
-again (the prompt cache). Loopback only; bounded counts; stops by itself.
+again with a new turn at its end (the prompt cache; `--ttft-copies N` sets its length, ~290 tokens a
+copy, `--ttft-only` measures nothing else). Loopback only; bounded counts; stops by itself.
 """
 
 from __future__ import annotations
@@ -168,12 +169,25 @@ def ttft(url: str, prompt: str) -> tuple[float, float]:
         with httpx.stream("POST", url + "/v1/completions", json={"prompt": text, "max_tokens": 4, "temperature": 0,
                                                                  "stream": True, "cache_prompt": True}, timeout=600,
                           headers={"Authorization": f"Bearer {KEYS[CURRENT['key']]}"}) as r:
+            if r.status_code != 200:  # e.g. llama-server -np 4 gives each slot a quarter of -c (else -kvu)
+                raise SystemExit(f"{url}: the TTFT conversation was refused: {r.status_code} {r.read().decode()[:300]}")
             for line in r.iter_lines():
                 if first is None and line.startswith("data: ") and line != "data: [DONE]":
                     first = time.perf_counter() - t
-        return time.perf_counter() - t if first is None else first
+        if first is None:
+            raise SystemExit(f"{url}: the TTFT conversation streamed no token")
+        return first
 
     return once(prompt), once(prompt + "\n# Next turn: now add a docstring to the first function.\n")
+
+
+def throughput(samples: dict, latency: dict, drafts: list[int]) -> dict:
+    """One server's figures over the rounds: median tokens/s and request latency per stream count."""
+    out = {f"streams_{n}": statistics.median(v) for n, v in samples.items()}
+    out.update({f"streams_{n}_all": v for n, v in samples.items()})
+    out.update({f"latency_{n}_s": statistics.median(v) for n, v in latency.items()})
+    out.update({"drafted": drafts[0], "accepted": drafts[1]})
+    return out
 
 
 def start(command) -> tuple[str, subprocess.Popen]:
@@ -199,6 +213,10 @@ def main() -> int:
     ap.add_argument("--llama-server-arg", action="append", default=[], help="extra flag for llama-server (repeatable)")
     ap.add_argument("--workload", choices=["helpers", "coding", "agent"], default="helpers")
     ap.add_argument("--no-ttft", action="store_true", help="skip the long-prompt TTFT check")
+    ap.add_argument("--ttft-only", action="store_true", help="only the long-prompt TTFT check (no throughput rounds)")
+    ap.add_argument("--ttft-copies", type=int, default=8, metavar="N",
+                    help="the TTFT conversation: the code edit's module N times (default 8: ~2,330 tokens; "
+                         "~290 tokens each, within the 16K context up to 50)")
     ap.add_argument("--until-eos", action="store_true",
                     help="answers end where the model ends them (--tokens is then a cap), as an agent receives "
                          "them; tokens/s counts what each server generated")
@@ -214,12 +232,16 @@ def main() -> int:
     args = ap.parse_args()
     if args.steady is not None and args.steady <= 0:
         ap.error(f"--steady is a window in seconds, above 0 (got {args.steady:g})")
+    if not 1 <= args.ttft_copies <= 50:
+        ap.error(f"--ttft-copies is 1 to 50 copies of the module (the servers' 16K context; got {args.ttft_copies})")
+    if args.ttft_only and args.no_ttft:
+        ap.error("--ttft-only and --no-ttft leave nothing to measure")
     IGNORE_EOS["on"] = not args.until_eos
     catalog = load_catalog()
     preset = catalog.preset(args.preset)
     fetcher = Fetcher(paths(), hub_settings(), __import__("rich.console").console.Console(quiet=True))
     target = fetcher.existing(catalog.model(preset.target)).path
-    long_prompt = ("# Review this module.\n" + CODE_EDIT_MODULE) * 8  # ~2,330 tokens
+    long_prompt = ("# Review this module.\n" + CODE_EDIT_MODULE) * args.ttft_copies  # ~290 tokens a copy
     from app.commands.workloads import agent_turns
 
     prompts = coding_prompts(target) if args.workload == "coding" else \
@@ -244,11 +266,12 @@ def main() -> int:
         samples: dict = {name: {n: [] for n in (1, 2, 4)} for name in running}
         latency: dict = {name: {n: [] for n in (1, 2, 4)} for name in running}  # mean seconds a request
         for url, _proc in running.values():  # both evaluate the bench prompts once (their prompt caches)
-            aggregate(url, 4, 1, prompts)
+            if not args.ttft_only:
+                aggregate(url, 4, 1, prompts)
         DRAFTS.clear()
         order = list(running)
         measurement = 0
-        for _ in range(args.rounds):
+        for _ in range(0 if args.ttft_only else args.rounds):
             for n in (1, 2, 4):
                 measurement += 1
                 CURRENT["key"] = f"m{measurement}"  # an empty suffix index for this measurement
@@ -266,11 +289,7 @@ def main() -> int:
             order.reverse()  # ABBA: who goes first alternates, so a drift falls on both sides
         results = {}
         for name, (url, _proc) in running.items():
-            results[name] = {f"streams_{n}": statistics.median(v) for n, v in samples[name].items()}
-            results[name].update({f"streams_{n}_all": v for n, v in samples[name].items()})
-            results[name].update({f"latency_{n}_s": statistics.median(v) for n, v in latency[name].items()})
-            drafted, accepted = DRAFTS.get(url, [0, 0])
-            results[name].update({"drafted": drafted, "accepted": accepted})
+            results[name] = {} if args.ttft_only else throughput(samples[name], latency[name], DRAFTS.get(url, [0, 0]))
             if not args.no_ttft:
                 CURRENT["key"] = "m63"
                 cold, resent = ttft(url, long_prompt)
@@ -279,7 +298,7 @@ def main() -> int:
         for _url, proc in running.values():
             proc.terminate()
             proc.wait(30)
-    if "llama_server_np4" in results:
+    if "llama_server_np4" in results and not args.ttft_only:
         # each round's two servers were measured back to back: ratio per round, then median, min, max
         results["ratios"] = {}
         for n in (1, 2, 4):
