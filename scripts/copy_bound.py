@@ -7,12 +7,20 @@ prompt and answer as well (what a global suffix index can hold); for runs found 
 runs that follow an occurrence of the history's last 3 tokens (what lookup, the suffix index and
 llama-server's n-gram modes draft).
 
-    python scripts/copy_bound.py [--preset coder-1.5b] [--max-tokens 96] [--draft-max 16] [--json]
+    python scripts/copy_bound.py [--preset coder-1.5b] [--max-tokens 96] [--draft-max 16]
+                                 [--costs BENCH.json] [--json]
 
-A bound, not a speed: it counts decodes, not their cost, and it picks each draft knowing the answer.
-It tells how much of a turn's answer is in reach of copying at all: where it is low, no lookup,
-suffix or n-gram drafter helps, and only a draft model could. Every run of text counts, a single
-common token too, so the bound is generous where little is copied.
+A bound, not a speed: it counts decodes, and it picks each draft knowing the answer. It tells how
+much of a turn's answer is in reach of copying at all: where it is low, no lookup, suffix or n-gram
+drafter helps, and only a draft model could. Every run of text counts, a single common token too, so
+the bound is generous where little is copied.
+
+Then the same bound in time, on this machine's costs: the fewest seconds of target decodes for each
+answer when every draft is copied from text (anywhere, the earlier turns' text included) and its
+length is chosen knowing the answer and what a verify of n tokens costs (`copy_seconds`; drafting
+counted free), over plain decoding's seconds on the same costs. The costs are the target's, timed at
+start (`calibrate`, a short context), or c_verify_ms of a `specdeck bench --json` run's "costs" (the
+costs its steps measured) with --costs. No drafter that copies text beats this ratio on these costs.
 """
 
 from __future__ import annotations
@@ -27,7 +35,9 @@ sys.path.insert(0, str(ROOT))
 
 from app.commands.bench import prompt_tokens  # noqa: E402
 from app.commands.common import catalog_from_args, local_path, make_fetcher, make_selection  # noqa: E402
-from app.commands.workloads import agent_turns, copy_bound  # noqa: E402
+from app.commands.workloads import agent_turns, copy_bound, copy_decodes, copy_runs, copy_seconds  # noqa: E402
+from app.engine.calibration import calibrate  # noqa: E402
+from app.engine.controller import CostModel  # noqa: E402
 from app.engine.drafters.suffix import KEY  # noqa: E402
 from app.engine.engine import Engine, Request, SpecParams  # noqa: E402
 from app.engine.loader import load  # noqa: E402
@@ -36,14 +46,16 @@ from app.plan.hardware import detect  # noqa: E402
 from app.plan.planner import PlanRequest, make_plan  # noqa: E402
 
 
-def answers(preset: str, max_tokens: int, threads: int) -> list[tuple[dict, list[int], list[int]]]:
-    """(turn, prompt tokens, greedy answer tokens) for every turn of the agent workload."""
+def answers(preset: str, max_tokens: int, threads: int, draft_max: int) -> tuple[list[tuple[dict, list[int], list[int]]], CostModel]:
+    """(turn, prompt tokens, greedy answer tokens) for every turn of the agent workload, and the
+    target's decode costs timed on this machine (verifies up to draft_max + 1 tokens)."""
     args = argparse.Namespace(name=preset, target=None, draft=None, models=None)
     sel = make_selection(args, catalog_from_args(args))
     target = read_model_info(local_path(make_fetcher(offline=True), sel.target))
     plan = make_plan(target, None, PlanRequest(ctx=8192, ctx_is_user_choice=True, parallel=1), detect(), 8192)
     loaded = load(plan, target, None, threads)
     try:
+        costs = calibrate(loaded.target, None, draft_max)
         out = []
         for turn in agent_turns():
             ids = prompt_tokens(loaded.tokenizer, turn)
@@ -53,7 +65,7 @@ def answers(preset: str, max_tokens: int, threads: int) -> list[tuple[dict, list
             for _ in engine.generate(req):
                 pass
             out.append((turn, ids, list(engine.slots[0].record.completion)))
-        return out
+        return out, costs
     finally:
         loaded.close()
 
@@ -64,15 +76,24 @@ def main() -> int:
     ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("--draft-max", type=int, default=16)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--costs", type=Path, metavar="BENCH.json",
+                    help="c_verify_ms of a `specdeck bench --json` run's \"costs\" for the bound in time "
+                         "(default: timed here at start)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
+    measured = read_costs(ap, args.costs) if args.costs else None
+    turns, timed = answers(args.preset, args.max_tokens, args.threads, args.draft_max)
+    costs = measured or timed
     rows, earlier = [], []
-    for turn, prompt, answer in answers(args.preset, args.max_tokens, args.threads):
+    for turn, prompt, answer in turns:
         row = {"turn": turn["session"] + str(turn["turn"]), "kind": turn["kind"], "cross": turn["cross"],
                "tokens": len(answer)}
+        row["plain_s"] = max(0, len(answer) - 1) * costs.c_verify(1)
         for key, name in ((0, "anywhere"), (KEY, "after_key")):
             row[f"decodes_own_{name}"] = copy_bound([], prompt, answer, args.draft_max, key)
-            row[f"decodes_all_{name}"] = copy_bound(earlier, prompt, answer, args.draft_max, key)
+            runs = copy_runs(earlier, prompt, answer, args.draft_max, key)
+            row[f"decodes_all_{name}"] = copy_decodes(runs)
+            row[f"best_copy_{name}_s"] = copy_seconds(runs, costs.c_verify)
         rows.append(row)
         earlier += prompt + answer
     cross = [r for r in rows if r["cross"]]
@@ -80,9 +101,13 @@ def main() -> int:
     cols = ("decodes_own_after_key", "decodes_all_after_key", "decodes_own_anywhere", "decodes_all_anywhere")
     total = {f"{part}_{col.removeprefix('decodes_')}": per(rs, col) for part, rs in (("cross", cross), ("all", rows))
              for col in cols}
+    speed = {f"{part}_{name}": sum(r["plain_s"] for r in rs) / max(1e-9, sum(r[f"best_copy_{name}_s"] for r in rs))
+             for part, rs in (("cross", cross), ("all", rows)) for name in ("anywhere", "after_key")}
+    c_verify_ms = {n: round(costs.c_verify(n) * 1e3, 1) for n in sorted(costs.verify)}
     if args.json:
-        print(json.dumps({"turns": rows, "tokens_per_decode": total, "max_tokens": args.max_tokens,
-                          "draft_max": args.draft_max}, indent=1))
+        print(json.dumps({"turns": rows, "tokens_per_decode": total, "best_copy_vs_plain": speed,
+                          "c_verify_ms": c_verify_ms, "costs_from": str(args.costs or "calibrated here"),
+                          "max_tokens": args.max_tokens, "draft_max": args.draft_max}, indent=1))
         return 0
     print(f"copy bound, tokens per target decode (greedy answers of {args.max_tokens} tokens at most, drafts of "
           f"{args.draft_max} at most): runs after a {KEY}-token key / runs anywhere, from the request's own text "
@@ -93,7 +118,25 @@ def main() -> int:
               + " ".join(f"{r['tokens'] / max(1, r[c]):9.2f}" for c in cols))
     for part, rs in (("cross-request turns", cross), ("all turns", rows)):
         print(f"{part:34} " + " ".join(f"{per(rs, c):9.2f}" for c in cols))
+    print(f"\nthe bound in time, copies from the earlier turns' text too, on c_verify(n) ms {c_verify_ms} "
+          f"({args.costs or 'timed here'}): plain decoding's seconds over the fewest with copies after a {KEY}-token "
+          "key / from anywhere")
+    for r in rows:
+        print(f"{r['turn']:4} {r['kind']:22} {r['plain_s']:6.2f} s / " + " / ".join(
+            f"{r[f'best_copy_{n}_s']:5.2f} s = {r['plain_s'] / max(1e-9, r[f'best_copy_{n}_s']):5.2f} x"
+            for n in ("after_key", "anywhere")))
+    for part, label in (("cross", "cross-request turns"), ("all", "all turns")):
+        print(f"{label}: {speed[part + '_after_key']:.2f} x plain after a key, {speed[part + '_anywhere']:.2f} x from anywhere")
     return 0
+
+
+def read_costs(ap: argparse.ArgumentParser, path: Path) -> CostModel:
+    """The verify costs a `specdeck bench --json` run reported ("costs": {"c_verify_ms": {n: ms}})."""
+    try:
+        table = json.loads(path.read_text(encoding="utf-8"))["costs"]["c_verify_ms"]
+        return CostModel({int(n): float(ms) / 1e3 for n, ms in table.items()})
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        ap.error(f"--costs {path}: not a `specdeck bench --json` output with costs.c_verify_ms ({e})")
 
 
 if __name__ == "__main__":

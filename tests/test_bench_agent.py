@@ -162,3 +162,26 @@ def test_vs_commit_sums_the_turns_and_pairs_the_repeats():
     assert got["modes"]["adaptive"]["all"]["tokens_per_decode"] == 200 / 75
     assert got["ratios"]["adaptive / 79d153f adaptive, cross turns"] == (2.0, 2.0, 2.0)
     assert got["ratios"]["adaptive / plain, all turns"] == (2.0, 2.0, 2.0)  # 200 tokens in 10 s against 20 s
+
+
+def test_the_copy_bound_in_time_picks_draft_lengths_by_what_verifies_cost():
+    from app.commands.workloads import copy_bound, copy_runs, copy_seconds
+
+    prompt = list(range(1, 41))
+    earlier = [7, 7] + list(range(200, 260))
+    answer = list(range(200, 260))
+    changed = answer[:20] + [999] + answer[21:]
+    runs = copy_runs(earlier, prompt, changed)
+    assert len(runs) == len(changed) and runs[20] == 0 and runs[21] == 16 and runs[19] == 1
+    assert copy_runs([], prompt, answer) == [0] * 60  # nothing of it in the text
+    # flat costs (a verify of n tokens costs what one does): the fewest decodes, as copy_bound counts them
+    assert copy_seconds(runs, lambda n: 1.0) == copy_bound(earlier, prompt, changed) == 5
+    # costs linear in n: drafting gains nothing, so the bound is plain decoding's time
+    assert copy_seconds(runs, lambda n: float(n)) == len(changed) - 1
+    assert copy_seconds(copy_runs([], prompt, answer), lambda n: 1.0) == 59
+    # a long verify that costs more than its tokens are worth is cut short where a shorter one pays
+    costs = {1: 1.0, 2: 1.0, 3: 10.0}
+    assert copy_seconds([0, 2, 1, 0], lambda n: costs[n]) == 2.0  # a draft of 1 (2 tokens for 1.0), then 1 plain
+    costs[3] = 1.5
+    assert copy_seconds([0, 2, 1, 0], lambda n: costs[n]) == 1.5  # the whole rest in one verify of 3
+    assert copy_seconds([0], lambda n: 1.0) == 0.0 and copy_seconds([], lambda n: 1.0) == 0.0

@@ -71,17 +71,15 @@ def agent_turns() -> list[dict]:
     return turns
 
 
-def copy_bound(earlier: list[int], prompt: list[int], answer: list[int], draft_max: int = 16, key: int = 0) -> int:
-    """Target decodes an answer takes at best when drafts are copied from text: at each step the
-    draft is the longest run of the answer's next tokens (up to `draft_max`) in `earlier` + the
-    prompt + the answer so far, chosen knowing the answer, so every drafted token is kept. With
-    `key` 0 the run may start anywhere: no drafter that copies text it has seen does better. With
-    `key` n it must follow an occurrence of the history's last n tokens, as lookup's, the suffix
-    index's and llama-server's n-gram drafts do (a copy resumed past a changed token can beat that).
-    A draft model is bounded by neither. The first token comes from the prompt's evaluation."""
+def copy_runs(earlier: list[int], prompt: list[int], answer: list[int], draft_max: int = 16, key: int = 0) -> list[int]:
+    """For each position i of the answer, the longest run of its next tokens (up to `draft_max`)
+    found in `earlier` + the prompt + the answer before i: what a draft copied from that text could
+    keep at i at best. With `key` 0 the run may start anywhere; with `key` n it must follow an
+    occurrence of the history's last n tokens, as lookup's, the suffix index's and llama-server's
+    n-gram drafts do."""
     text = list(earlier) + list(prompt)
-    decodes, i = 0, min(1, len(answer))
-    while i < len(answer):
+    runs = []
+    for i in range(len(answer)):
         history = text + answer[:i]
         tail = history[len(history) - key:] if key else []
         best = 0
@@ -92,6 +90,35 @@ def copy_bound(earlier: list[int], prompt: list[int], answer: list[int], draft_m
             while n < draft_max and i + n < len(answer) and j + n < len(history) and history[j + n] == answer[i + n]:
                 n += 1
             best = max(best, n)
+        runs.append(best)
+    return runs
+
+
+def copy_bound(earlier: list[int], prompt: list[int], answer: list[int], draft_max: int = 16, key: int = 0) -> int:
+    """Target decodes an answer takes at best when drafts are copied from text: at each step the
+    draft is the longest run of the answer's next tokens (`copy_runs`), chosen knowing the answer, so
+    every drafted token is kept. With `key` 0 no drafter that copies text it has seen does better (a
+    copy resumed past a changed token included); a draft model is bounded by neither. The first
+    token comes from the prompt's evaluation."""
+    return copy_decodes(copy_runs(earlier, prompt, answer, draft_max, key))
+
+
+def copy_decodes(runs: list[int]) -> int:
+    """The fewest decodes with each draft the longest copy at its position (`copy_runs`)."""
+    decodes, i = 0, min(1, len(runs))
+    while i < len(runs):
         decodes += 1
-        i += best + 1
+        i += runs[i] + 1
     return decodes
+
+
+def copy_seconds(runs: list[int], c_verify) -> float:
+    """Seconds an answer's decodes take at best with drafts copied from text, on a machine where a
+    decode of n tokens takes `c_verify(n)` s: at each position any draft up to `runs[i]` tokens long
+    (`copy_runs`), chosen knowing the answer and the costs (a shorter draft is cheaper to verify,
+    and the next position may offer a longer run). Drafting itself is counted free."""
+    n = len(runs)
+    best = [0.0] * (n + 1)  # best[i]: seconds from position i to the end
+    for i in range(n - 1, 0, -1):
+        best[i] = min(c_verify(k + 1) + best[min(n, i + k + 1)] for k in range(min(runs[i], n - 1 - i) + 1))
+    return best[1] if n > 1 else 0.0
