@@ -16,11 +16,13 @@ drafter helps, and only a draft model could. Every run of text counts, a single 
 the bound is generous where little is copied.
 
 Then the same bound in time, on this machine's costs: the fewest seconds of target decodes for each
-answer when every draft is copied from text (anywhere, the earlier turns' text included) and its
-length is chosen knowing the answer and what a verify of n tokens costs (`copy_seconds`; drafting
-counted free), over plain decoding's seconds on the same costs. The costs are the target's, timed at
-start (`calibrate`, a short context), or c_verify_ms of a `specdeck bench --json` run's "costs" (the
-costs its steps measured) with --costs. No drafter that copies text beats this ratio on these costs.
+answer when every draft is copied from text (the earlier turns' included; after a 3-token key, or from
+anywhere) and its length is chosen knowing the answer and what a verify of n tokens costs
+(`copy_seconds`; drafting counted free), over plain decoding's seconds on the same costs. The costs
+are the target's, timed at start (`calibrate`, a short context), or with --costs c_verify_ms of a
+`specdeck bench --json` run's "costs" (what its steps measured). No drafter that copies text beats
+the ratio from anywhere on these costs; one that drafts after a key match only (no copy resumed past
+a changed token) does not beat the ratio after a key.
 """
 
 from __future__ import annotations
@@ -46,16 +48,17 @@ from app.plan.hardware import detect  # noqa: E402
 from app.plan.planner import PlanRequest, make_plan  # noqa: E402
 
 
-def answers(preset: str, max_tokens: int, threads: int, draft_max: int) -> tuple[list[tuple[dict, list[int], list[int]]], CostModel]:
-    """(turn, prompt tokens, greedy answer tokens) for every turn of the agent workload, and the
-    target's decode costs timed on this machine (verifies up to draft_max + 1 tokens)."""
+def answers(preset: str, max_tokens: int, threads: int,
+            time_costs: int | None) -> tuple[list[tuple[dict, list[int], list[int]]], CostModel | None]:
+    """(turn, prompt tokens, greedy answer tokens) for every turn of the agent workload, and where
+    `time_costs` is a draft length, the target's decode costs timed here for verifies up to one more."""
     args = argparse.Namespace(name=preset, target=None, draft=None, models=None)
     sel = make_selection(args, catalog_from_args(args))
     target = read_model_info(local_path(make_fetcher(offline=True), sel.target))
     plan = make_plan(target, None, PlanRequest(ctx=8192, ctx_is_user_choice=True, parallel=1), detect(), 8192)
     loaded = load(plan, target, None, threads)
     try:
-        costs = calibrate(loaded.target, None, draft_max)
+        costs = calibrate(loaded.target, None, time_costs) if time_costs is not None else None
         out = []
         for turn in agent_turns():
             ids = prompt_tokens(loaded.tokenizer, turn)
@@ -82,8 +85,9 @@ def main() -> int:
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     measured = read_costs(ap, args.costs) if args.costs else None
-    turns, timed = answers(args.preset, args.max_tokens, args.threads, args.draft_max)
+    turns, timed = answers(args.preset, args.max_tokens, args.threads, None if measured else args.draft_max)
     costs = measured or timed
+    assert costs is not None
     rows, earlier = [], []
     for turn, prompt, answer in turns:
         row = {"turn": turn["session"] + str(turn["turn"]), "kind": turn["kind"], "cross": turn["cross"],
@@ -134,7 +138,10 @@ def read_costs(ap: argparse.ArgumentParser, path: Path) -> CostModel:
     """The verify costs a `specdeck bench --json` run reported ("costs": {"c_verify_ms": {n: ms}})."""
     try:
         table = json.loads(path.read_text(encoding="utf-8"))["costs"]["c_verify_ms"]
-        return CostModel({int(n): float(ms) / 1e3 for n, ms in table.items()})
+        costs = CostModel({int(n): float(ms) / 1e3 for n, ms in table.items()})
+        if 1 not in costs.verify:
+            raise ValueError("no cost for a decode of 1 token")
+        return costs
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
         ap.error(f"--costs {path}: not a `specdeck bench --json` output with costs.c_verify_ms ({e})")
 
