@@ -38,7 +38,7 @@ class AdaptiveDrafter(DrafterBase):
         # per sequence, the text proposal of its last step that was not drafted: (key, position, tokens)
         self._shadow: dict[int, tuple[str, int, list[int]]] = {}
         # per sequence, its last text draft's whole proposal and where it started: where the target
-        # parts from it, `resume` keeps the text from the token not kept
+        # parts from it, `resume` keeps what came after the token not kept
         self._proposed: dict[int, tuple[int, list[int]]] = {}
         self.resume = Resume()
 
@@ -171,7 +171,7 @@ class AdaptiveDrafter(DrafterBase):
             start, proposed = self._proposed.pop(seq, (0, []))
             copying = draft.source == "resume" or draft.match_len >= SHALLOW  # a copy, not a chance phrase
             if copying and n_accepted < len(draft.tokens) and proposed[: len(draft.tokens)] == draft.tokens:
-                self.resume.parted(seq, start + n_accepted, proposed[n_accepted:])
+                self.resume.parted(seq, start + n_accepted, proposed[n_accepted + 1:])
         else:
             self.controller.observe(draft.source, len(draft.tokens), n_accepted)
 
