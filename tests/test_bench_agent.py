@@ -185,3 +185,28 @@ def test_the_copy_bound_in_time_picks_draft_lengths_by_what_verifies_cost():
     costs[3] = 1.5
     assert copy_seconds([0, 2, 1, 0], lambda n: costs[n]) == 1.5  # the whole rest in one verify of 3
     assert copy_seconds([0], lambda n: 1.0) == 0.0 and copy_seconds([], lambda n: 1.0) == 0.0
+
+
+def test_a_replay_reaches_the_answer_no_faster_than_the_copy_bound_and_learns_across_turns():
+    """`replay` runs a drafter's steps against a known answer without the target: a drafter that
+    copies text never needs fewer decodes than the copy bound, one with nothing to copy needs one per
+    token, and the suffix index takes each replayed answer in, so the same answer comes faster again."""
+    from app.commands.workloads import copy_bound, replay
+    from app.engine.controller import Controller, CostModel
+    from app.engine.loader import build_drafter
+
+    costs = CostModel({1: 1.0, 2: 1.1, 4: 1.3, 8: 1.6, 17: 2.5})
+    rng = __import__("random").Random(5)
+    prompt = [rng.randrange(50) for _ in range(300)]
+    answer = prompt[40:120] + [rng.randrange(50) for _ in range(20)] + prompt[200:260]
+    for kind in ("lookup", "suffix", "adaptive"):
+        drafter = build_drafter(kind, None, Controller(costs, learn_costs=False))
+        decodes, seconds = replay(drafter, prompt, answer, costs.c_verify, draft_max=16)
+        assert copy_bound([], prompt, answer) <= decodes < len(answer) - 1, kind
+        assert seconds >= decodes * costs.c_verify(1)
+    fresh = list(range(1000, 1100))
+    assert replay(build_drafter("lookup", None), [1, 2, 3], fresh, costs.c_verify) == (99, 99 * 1.0)
+    drafter = build_drafter("adaptive", None, Controller(costs, learn_costs=False))
+    first, _ = replay(drafter, [1, 2, 3], fresh, costs.c_verify, draft_max=16)
+    again, _ = replay(drafter, [4, 5, 6], fresh, costs.c_verify, draft_max=16)
+    assert first == 99 and again < 20

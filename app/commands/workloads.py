@@ -122,3 +122,35 @@ def copy_seconds(runs: list[int], c_verify) -> float:
     for i in range(n - 1, 0, -1):
         best[i] = min(c_verify(k + 1) + best[min(n, i + k + 1)] for k in range(min(runs[i], n - 1 - i) + 1))
     return best[1] if n > 1 else 0.0
+
+
+def replay(drafter, prompt: list[int], answer: list[int], c_verify, draft_max: int = 16,
+           max_tokens: int | None = None, partition: str = "") -> tuple[int, float]:
+    """(target decodes, seconds) a drafter takes to reach a known greedy answer, its steps replayed
+    as the engine runs them, without the target: each step the drafter proposes after the history,
+    the draft's prefix that agrees with the answer is kept with one token more (what a greedy verify
+    gives, since drafting never changes the answer), and the step costs `c_verify(drafted + 1)`.
+    Drafting itself is counted free. The drafter sees the request begin, learn from every verify,
+    and finish (so a suffix index takes the answer in), as in a real run. The first token comes from
+    the prompt's evaluation; no draft runs past `max_tokens` (default: the answer's length)."""
+    from app.engine.drafters.base import Ask, Draft
+    from app.engine.kv import common_prefix
+
+    limit = max_tokens or len(answer)
+    drafter.begin_request(0, partition)
+    history, i, decodes, seconds = list(prompt) + answer[:1], min(1, len(answer)), 0, 0.0
+    while i < len(answer):
+        k = max(0, min(draft_max, limit - i - 1))
+        d = drafter.propose_all([Ask(0, history, k)])[0] if k else Draft([])
+        tokens = d.tokens[:k]
+        kept = common_prefix(tokens, answer[i:])
+        if tokens:
+            drafter.accepted(0, d, kept)
+        step = answer[i: i + kept + 1]
+        history += step
+        i += len(step)
+        decodes += 1
+        seconds += c_verify(len(tokens) + 1)
+    drafter.finish_request(0, history)
+    drafter.release(0)
+    return decodes, seconds
