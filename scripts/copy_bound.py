@@ -44,7 +44,7 @@ sys.path.insert(0, str(ROOT))
 
 from app.commands.bench import DRAFT_N_MAX, prompt_tokens  # noqa: E402
 from app.commands.common import catalog_from_args, local_path, make_fetcher, make_selection  # noqa: E402
-from app.commands.workloads import agent_turns, copy_bound, copy_decodes, copy_runs, copy_seconds, replay  # noqa: E402
+from app.commands.workloads import agent_turns, copy_decodes, copy_runs, copy_seconds, replay  # noqa: E402
 from app.engine.calibration import calibrate  # noqa: E402
 from app.engine.controller import Controller, CostModel  # noqa: E402
 from app.engine.drafters.suffix import KEY  # noqa: E402
@@ -111,7 +111,9 @@ def main() -> int:
                "tokens": len(answer)}
         row["plain_s"] = max(0, len(answer) - 1) * costs.c_verify(1)
         for key, name in ((0, "anywhere"), (KEY, "after_key")):
-            row[f"decodes_own_{name}"] = copy_bound([], prompt, answer, args.draft_max, key)
+            own = copy_runs([], prompt, answer, args.draft_max, key)
+            row[f"decodes_own_{name}"] = copy_decodes(own)
+            row[f"best_own_{name}_s"] = copy_seconds(own, costs.c_verify)
             runs = copy_runs(earlier, prompt, answer, args.draft_max, key)
             row[f"decodes_all_{name}"] = copy_decodes(runs)
             row[f"best_copy_{name}_s"] = copy_seconds(runs, costs.c_verify)
@@ -125,9 +127,13 @@ def main() -> int:
              for col in cols}
     speed = {f"{part}_{name}": sum(r["plain_s"] for r in rs) / max(1e-9, sum(r[f"best_copy_{name}_s"] for r in rs))
              for part, rs in (("cross", cross), ("all", rows)) for name in ("anywhere", "after_key")}
+    # what the earlier turns' text adds at best: the bound with it over the bound with the request's own
+    added = {f"{part}_{name}": sum(r[f"best_own_{name}_s"] for r in rs) / max(1e-9, sum(r[f"best_copy_{name}_s"] for r in rs))
+             for part, rs in (("cross", cross), ("all", rows)) for name in ("anywhere", "after_key")}
     c_verify_ms = {n: round(costs.c_verify(n) * 1e3, 1) for n in sorted(costs.verify)}
     if args.json:
         print(json.dumps({"turns": rows, "tokens_per_decode": total, "best_copy_vs_plain": speed,
+                          "earlier_text_adds_at_best": added,
                           "c_verify_ms": c_verify_ms, "costs_from": str(args.costs or "calibrated here"),
                           "max_tokens": args.max_tokens, "draft_max": args.draft_max}, indent=1))
         return 0
@@ -149,6 +155,10 @@ def main() -> int:
             for n in ("after_key", "anywhere")))
     for part, label in (("cross", "cross-request turns"), ("all", "all turns")):
         print(f"{label}: {speed[part + '_after_key']:.2f} x plain after a key, {speed[part + '_anywhere']:.2f} x from anywhere")
+    print("what the earlier turns' text adds to the bound (in time, with it over with the request's own text only: "
+          "how much faster copying knowing the answer gets with a global index): "
+          + ", ".join(f"{label} {added[part + '_after_key']:.2f} x after a key, {added[part + '_anywhere']:.2f} x from anywhere"
+                      for part, label in (("cross", "cross-request turns"), ("all", "all turns"))))
     print_replay(rows, cross)
     return 0
 
