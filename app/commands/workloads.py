@@ -18,6 +18,8 @@ import ast
 from pathlib import Path
 
 import app
+from app.engine.drafters.base import Ask, Draft
+from app.engine.kv import common_prefix
 
 SOURCE = Path(app.__file__).resolve().parent
 SYSTEM = ("You are a coding agent working in the specdeck repository (Python 3.11). Answer with code only, "
@@ -133,9 +135,6 @@ def replay(drafter, prompt: list[int], answer: list[int], c_verify, draft_max: i
     Drafting itself is counted free. The drafter sees the request begin, learn from every verify,
     and finish (so a suffix index takes the answer in), as in a real run. The first token comes from
     the prompt's evaluation; no draft runs past `max_tokens` (default: the answer's length)."""
-    from app.engine.drafters.base import Ask, Draft
-    from app.engine.kv import common_prefix
-
     limit = max_tokens or len(answer)
     drafter.begin_request(0, partition)
     history, i, decodes, seconds = list(prompt) + answer[:1], min(1, len(answer)), 0, 0.0
