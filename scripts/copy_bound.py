@@ -42,14 +42,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from app.commands.bench import DRAFT_N_MAX, prompt_tokens  # noqa: E402
+from app.commands.bench import DRAFT_N_MAX, mode_drafters, prompt_tokens  # noqa: E402
 from app.commands.common import catalog_from_args, local_path, make_fetcher, make_selection  # noqa: E402
 from app.commands.workloads import agent_turns, copy_decodes, copy_runs, copy_seconds, replay  # noqa: E402
 from app.engine.calibration import calibrate  # noqa: E402
 from app.engine.controller import Controller, CostModel  # noqa: E402
 from app.engine.drafters.suffix import KEY  # noqa: E402
 from app.engine.engine import Engine, Request, SpecParams  # noqa: E402
-from app.engine.loader import build_drafter, load  # noqa: E402
+from app.engine.loader import load  # noqa: E402
 from app.gguf.info import read_model_info  # noqa: E402
 from app.plan.hardware import detect  # noqa: E402
 from app.plan.planner import PlanRequest, make_plan  # noqa: E402
@@ -188,6 +188,8 @@ def cached_answers(ap: argparse.ArgumentParser, args: argparse.Namespace,
     """The turns' greedy answers, from --answers where that file holds this preset's at this
     --max-tokens (else generated, and written there), with the costs timed here where asked."""
     known = None
+    if args.answers and not args.answers.exists() and not args.answers.parent.is_dir():
+        ap.error(f"--answers {args.answers}: no folder {args.answers.parent} to write the answers in")
     if args.answers and args.answers.exists():
         try:
             saved = json.loads(args.answers.read_text(encoding="utf-8"))
@@ -198,10 +200,17 @@ def cached_answers(ap: argparse.ArgumentParser, args: argparse.Namespace,
             ap.error(f"--answers {args.answers}: not answers written by this script ({e})")
     out, costs = answers(args.preset, args.max_tokens, args.threads, args.draft_max if time_costs else None, known)
     if args.answers and known is None:
+        write_answers(ap, args, out)
+    return out, costs
+
+
+def write_answers(ap: argparse.ArgumentParser, args: argparse.Namespace, out: list) -> None:
+    try:
         args.answers.write_text(json.dumps({"preset": args.preset, "max_tokens": args.max_tokens,
                                             "workload": workload_digest(), "turns": [
             {"prompt": p, "answer": a} for _, p, a in out]}), encoding="utf-8")
-    return out, costs
+    except OSError as e:
+        ap.error(f"--answers {args.answers}: cannot write the answers there ({e})")
 
 
 def workload_digest() -> str:
@@ -213,14 +222,10 @@ REPLAYED = ("lookup", "suffix", "adaptive", "adaptive-local")
 
 
 def replay_drafters(costs: CostModel) -> dict:
-    """The text drafters as `specdeck bench` runs them, each with its own controller on these fixed
-    costs (no draft model: its proposals cannot be replayed without running it). Their suffix indexes
+    """The text drafters as `specdeck bench` builds them (`bench.mode_drafters`), on these costs and
+    without a draft model (its proposals cannot be replayed without running it). Their suffix indexes
     start empty and take each turn's prompt and answer in session order, as in the agent workload."""
-    def controller() -> Controller:
-        return Controller(CostModel(dict(costs.verify)), learn_costs=False)
-    out = {mode: build_drafter(mode, None, controller()) for mode in ("lookup", "suffix", "adaptive")}
-    out["adaptive-local"] = build_drafter("adaptive", None, controller(), suffix_tokens=0)
-    return out
+    return mode_drafters(None, Controller(costs, learn_costs=False))
 
 
 def replayed(prompt: list[int], answer: list[int], drafters: dict, c_verify, draft_max: int, max_tokens: int) -> dict:

@@ -42,6 +42,7 @@ from app.engine.engine import Engine, Request, SpecParams
 from app.engine.loader import DRAFTER_KINDS, Loaded, build_drafter
 from app.errors import SpecdeckError
 from app.gguf.info import read_model_info
+from app.llama.context import Context
 from app.plan.hardware import detect
 from app.plan.planner import PlanRequest, make_plan
 
@@ -104,9 +105,15 @@ def answers_unlike_plain(workloads: dict) -> list[dict]:
 
 
 def _drafters(loaded: Loaded, controller: Controller) -> dict:
-    drafters = {mode: build_drafter(mode, loaded.draft, controller) for mode in DRAFTER_KINDS}
-    # its own acceptance estimates (the same measured costs): what one mode learns must not steer the other
-    drafters["adaptive-local"] = build_drafter("adaptive", loaded.draft, Controller(controller.costs), suffix_tokens=0)
+    return mode_drafters(loaded.draft, controller)
+
+
+def mode_drafters(draft: Context | None, controller: Controller) -> dict:
+    """Every mode's drafter as bench measures it ({mode: drafter}, None for plain): one controller
+    for all but adaptive-local, which keeps its own acceptance estimates on the same measured costs
+    (what one mode learns must not steer the other)."""
+    drafters = {mode: build_drafter(mode, draft, controller) for mode in DRAFTER_KINDS}
+    drafters["adaptive-local"] = build_drafter("adaptive", draft, Controller(controller.costs), suffix_tokens=0)
     return drafters
 
 
