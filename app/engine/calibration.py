@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable
 
 from app.engine.controller import CostModel
-from app.llama.context import Context
+from app.llama.context import Context, LoadCancelled
 
 
 def _prefix(ctx: Context, seq: int, n: int) -> None:
@@ -48,9 +49,11 @@ def calibration_sizes(k_max: int) -> list[int]:
     return sizes
 
 
-def calibrate(target: Context, draft: Context | None, k_max: int, reps: int = 3, seq: int = 0) -> CostModel:
+def calibrate(target: Context, draft: Context | None, k_max: int, reps: int = 3, seq: int = 0,
+              stop: Callable[[], bool] | None = None) -> CostModel:
     """Time target decodes of n tokens, n in calibration_sizes(k_max) (logits for all, as in a verify step), and single
-    draft tokens, after a short prefix, on a scratch sequence that is cleared afterwards."""
+    draft tokens, after a short prefix, on a scratch sequence that is cleared afterwards. `stop()`, asked
+    before each timed decode, ends it with LoadCancelled (a stop during start-up)."""
     prefix = min(64, target.n_ctx // 4)
     k_max = min(k_max, target.n_ctx - prefix - 2)
     _prefix(target, seq, prefix)
@@ -65,6 +68,8 @@ def calibrate(target: Context, draft: Context | None, k_max: int, reps: int = 3,
     times: dict[int, list[float]] = {n: [] for n in sizes}
     for _ in range(reps):  # every size once per round: a machine that speeds up or slows down meanwhile
         for n in sizes:    # shifts all sizes alike, not the last few
+            if stop is not None and stop():
+                raise LoadCancelled("calibration stopped")
             times[n].append(_time_decode(target, seq, prefix, n, prefix))
     costs = CostModel({n: statistics.median(t) for n, t in times.items()})
     if draft is not None:

@@ -41,6 +41,8 @@ class Embedder:
             raise InputTooLong(f"an input is {len(ids):,} tokens; the embedding model takes at most "
                                f"{self.ctx.params.n_ubatch:,}")
         with self.lock:
+            if self.ctx.ptr is None:  # closed under a request that outlived the server's stop
+                raise SpecdeckError("the embedding model is closed: the server is stopping")
             self.ctx.clear()
             b = self.ctx.batch
             b.clear()
@@ -52,5 +54,6 @@ class Embedder:
         return v / norm if norm > 0 else v
 
     def close(self) -> None:
-        self.ctx.close()
-        self.ctx.model.close()
+        with self.lock:  # never while an input is being embedded
+            self.ctx.close()
+            self.ctx.model.close()

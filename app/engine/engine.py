@@ -11,8 +11,9 @@ With k = 0 the same step is plain decoding and the drafter does no work.
 
 from __future__ import annotations
 
+import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
@@ -42,6 +43,11 @@ class ContextOverflow(SpecdeckError):
 
 class PoolBusy(SpecdeckError):
     """The shared KV pool is held by requests in flight: this one must wait."""
+
+
+class Interrupted(SpecdeckError):
+    """The prompt's evaluation was stopped between two chunks (the engine halting, or the request
+    cancelled); what was evaluated stays in the slot's cache as a reusable prefix."""
 
 
 class SpecParams(BaseModel):
@@ -98,8 +104,11 @@ class CostObserver(Protocol):
 
 class Engine:
     def __init__(self, target: Context, drafter: Drafter | None, n_slots: int, draft_limit: int | None = None,
-                 costs: CostObserver | None = None, saved_bytes: int = 0) -> None:
+                 costs: CostObserver | None = None, saved_bytes: int = 0, halt: threading.Event | None = None) -> None:
         self.target = target
+        # set when the engine must stop: a prompt being evaluated stops at its next chunk (the drafter
+        # built with the same event stops catching up), so its thread leaves llama.cpp within a chunk
+        self.halt = halt or threading.Event()
         self.drafter = drafter
         self.costs = costs  # told the time of every verify decode (the controller's cost model learns from them)
         self.n_vocab = target.model.n_vocab
@@ -121,9 +130,10 @@ class Engine:
 
     # -- a request's life ---------------------------------------------------------------------
 
-    def start(self, slot: Slot, req: Request) -> StepRecord:
+    def start(self, slot: Slot, req: Request, cancelled: Callable[[], bool] | None = None) -> StepRecord:
         """Evaluate the prompt (reusing the cached prefix) and sample the first token; returns the
-        first step's record (which may already finish the request)."""
+        first step's record (which may already finish the request). Between the prompt's chunks the
+        evaluation stops with Interrupted when the engine halts or `cancelled()` says so."""
         if not req.prompt:
             raise SpecdeckError("empty prompt")
         if len(req.prompt) >= self.target.n_ctx:
@@ -138,8 +148,14 @@ class Engine:
         self._reuse(slot, req.prompt)
         self._make_room(slot, len(req.prompt))
         n = kv.sync(self.target, slot.id, slot.cached, req.prompt, self.window, need_logits=True)
+        def stop() -> bool:
+            return self.halt.is_set() or (cancelled is not None and cancelled())
+
         try:
-            idx = kv.evaluate(self.target, slot.id, req.prompt, n, logits_last=True)
+            idx = kv.evaluate(self.target, slot.id, req.prompt, n, logits_last=True, stop=stop)
+        except kv.Interrupted as e:  # the cache holds the prompt's first e.done tokens: a prefix to reuse
+            slot.cached = req.prompt[: e.done]
+            raise Interrupted(f"the prompt's evaluation stopped after {e.done:,} of {len(req.prompt):,} tokens") from None
         except DecodeError:  # keep the cache equal to slot.cached (chunks before the refusal are dropped)
             slot.cached = req.prompt[: kv.truncate(self.target, slot.id, n, self.window)]
             raise

@@ -13,7 +13,7 @@ where llama.cpp can really do it:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from app.llama.context import Batch, Context
 
@@ -68,14 +68,28 @@ def sync(ctx: Context, seq: int, cached: list[int], wanted: Sequence[int], windo
     return n
 
 
-def evaluate(ctx: Context, seq: int, tokens: Sequence[int], start: int, logits_last: bool) -> int:
-    """Decode tokens[start:] at their positions in chunks of n_batch; returns the last token's batch index."""
+class Interrupted(Exception):
+    """An evaluation stopped between two chunks: the cache holds the sequence's first `done` tokens."""
+
+    def __init__(self, done: int) -> None:
+        super().__init__(f"stopped after {done} tokens")
+        self.done = done
+
+
+def evaluate(ctx: Context, seq: int, tokens: Sequence[int], start: int, logits_last: bool,
+             stop: Callable[[], bool] | None = None) -> int:
+    """Decode tokens[start:] at their positions; returns the last token's batch index. The tokens go
+    in chunks of n_ubatch (what llama.cpp computes at once in any case), and `stop()` is asked before
+    each: when it says so, Interrupted is raised with what is evaluated, so a long prompt stops within
+    one chunk (the server stopping, its client gone) and what it evaluated stays a reusable prefix."""
     batch: Batch = ctx.batch
-    n_batch = ctx.params.n_batch
+    size = ctx.params.n_ubatch
     last = -1
-    for c0 in range(start, len(tokens), n_batch):
+    for c0 in range(start, len(tokens), size):
+        if stop is not None and stop():
+            raise Interrupted(c0)
         batch.clear()
-        c1 = min(c0 + n_batch, len(tokens))
+        c1 = min(c0 + size, len(tokens))
         for pos in range(c0, c1):
             last = batch.add(tokens[pos], pos, seq, logits_last and pos == len(tokens) - 1)
         ctx.decode(batch)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,7 +16,7 @@ from app.engine.drafters.suffix import SuffixDrafter, SuffixIndex
 from app.engine.engine import Engine
 from app.engine.text import Tokenizer
 from app.gguf.info import ModelInfo
-from app.llama.context import Context, Model
+from app.llama.context import Context, LoadCancelled, Model
 from app.plan.planner import Plan
 
 SUFFIX_TOKENS = 100_000  # recent requests' tokens the suffix index holds (about 12 MiB, measured)
@@ -43,38 +44,63 @@ def saved_bytes(plan: Plan, cache_ram_mib: int) -> int:
 
 
 def load(plan: Plan, target: ModelInfo, draft: ModelInfo | None, threads: int, adaptive: bool = False,
-         suffix_tokens: int = SUFFIX_TOKENS, cache_ram_mib: int = CACHE_RAM_MIB) -> Loaded:
+         suffix_tokens: int = SUFFIX_TOKENS, cache_ram_mib: int = CACHE_RAM_MIB,
+         cancel: threading.Event | None = None) -> Loaded:
     """Target and draft contexts from the plan, and an engine over them. `adaptive`: prompt lookup,
     the suffix index over recent requests (`suffix_tokens`; 0 = none) and the draft model behind the
     controller, with costs calibrated on this machine now. `cache_ram_mib`: host memory for prompt
-    caches whose slot was taken (see `saved_bytes`)."""
-    tm = Model(Path(target.path), plan.target.n_gpu_layers)
-    tc = Context(tm, plan.target, threads)
-    dc = None
-    if draft is not None and plan.draft is not None:
-        dc = Context(Model(Path(draft.path), plan.draft.n_gpu_layers), plan.draft, threads)
-    controller = None
-    if adaptive:
-        # verify decodes hold up to every slot's last token and drafts: their costs are measured too
-        controller = Controller(calibrate(tc, dc, min(64, plan.parallel * (plan.draft_max + 1)) - 1))
-    drafter = build_drafter("adaptive" if adaptive else "draft", dc, controller, suffix_tokens)
+    caches whose slot was taken (see `saved_bytes`). `cancel`: set, loading stops at llama.cpp's next
+    progress report or between its phases (LoadCancelled), and what was loaded is freed."""
+    made: list[Context] = []
+
+    def context(info: ModelInfo, params) -> Context:
+        model = Model(Path(info.path), params.n_gpu_layers, cancel=cancel)
+        try:
+            made.append(Context(model, params, threads))
+        except BaseException:
+            model.close()
+            raise
+        check_cancel(cancel)
+        return made[-1]
+
+    try:
+        tc = context(target, plan.target)
+        dc = context(draft, plan.draft) if draft is not None and plan.draft is not None else None
+        controller = None
+        if adaptive:
+            # verify decodes hold up to every slot's last token and drafts: their costs are measured too
+            controller = Controller(calibrate(tc, dc, min(64, plan.parallel * (plan.draft_max + 1)) - 1,
+                                              stop=cancel.is_set if cancel is not None else None))
+    except BaseException:
+        for c in made:
+            c.close()
+            c.model.close()
+        raise
+    halt = threading.Event()  # the engine's stop, shared with the draft model's catch-up
+    drafter = build_drafter("adaptive" if adaptive else "draft", dc, controller, suffix_tokens, halt)
     engine = Engine(tc, drafter, plan.parallel, draft_limit=plan.draft_max, costs=controller,
-                    saved_bytes=saved_bytes(plan, cache_ram_mib))
-    return Loaded(engine, Tokenizer(tm, target.vocab.chat_template), tc, dc)
+                    saved_bytes=saved_bytes(plan, cache_ram_mib), halt=halt)
+    return Loaded(engine, Tokenizer(tc.model, target.vocab.chat_template), tc, dc)
+
+
+def check_cancel(cancel: threading.Event | None) -> None:
+    if cancel is not None and cancel.is_set():
+        raise LoadCancelled("loading stopped")
 
 
 DRAFTER_KINDS = ("plain", "draft", "lookup", "suffix", "adaptive")
 
 
 def build_drafter(kind: str, draft: Context | None, controller: Controller | None = None,
-                  suffix_tokens: int = SUFFIX_TOKENS) -> Drafter | None:
+                  suffix_tokens: int = SUFFIX_TOKENS, halt: threading.Event | None = None) -> Drafter | None:
     """The drafter of one kind, as serve, bench and the equivalence check use it: none (plain
     decoding), the draft model (None without one), prompt lookup, the suffix index over recent
-    requests, or all three behind the controller (the suffix index only if `suffix_tokens` > 0)."""
+    requests, or all three behind the controller (the suffix index only if `suffix_tokens` > 0).
+    `halt`: the engine's stop event, which also stops the draft model catching up over a prompt."""
     if kind == "plain":
         return None
     if kind == "draft":
-        return ModelDrafter(draft) if draft else None
+        return ModelDrafter(draft, halt=halt) if draft else None
     if kind == "lookup":
         return LookupDrafter()
     if kind == "suffix":
@@ -83,5 +109,5 @@ def build_drafter(kind: str, draft: Context | None, controller: Controller | Non
         if controller is None:
             raise ValueError("the adaptive drafter needs a controller")
         suffix = SuffixDrafter(SuffixIndex(suffix_tokens)) if suffix_tokens > 0 else None
-        return AdaptiveDrafter(controller, LookupDrafter(), ModelDrafter(draft) if draft else None, suffix)
+        return AdaptiveDrafter(controller, LookupDrafter(), ModelDrafter(draft, halt=halt) if draft else None, suffix)
     raise ValueError(f"unknown drafter kind {kind!r} (one of {', '.join(DRAFTER_KINDS)})")

@@ -7,6 +7,7 @@ synchronous and single-threaded: one worker owns a context.
 from __future__ import annotations
 
 import ctypes
+import threading
 import time
 from pathlib import Path
 
@@ -27,16 +28,26 @@ _DECODE_ERRORS = {1: "no KV cache slot for the batch (context full)", 2: "aborte
                   -2: "out of memory or compute error", -3: "compute error"}
 
 
+class LoadCancelled(SpecdeckError):
+    """Loading was stopped on request (the server is stopping): not a fault of the model."""
+
+
 class Model:
     """A loaded GGUF model (weights mapped once; contexts are made from it)."""
 
-    def __init__(self, path: Path, n_gpu_layers: int = 0, use_extra_bufts: bool = True) -> None:
+    def __init__(self, path: Path, n_gpu_layers: int = 0, use_extra_bufts: bool = True,
+                 cancel: threading.Event | None = None) -> None:
         init_llama()
         mp = llama_cpp.llama_model_default_params()
         mp.n_gpu_layers = n_gpu_layers
         mp.use_extra_bufts = use_extra_bufts
         self.path = path
+        if cancel is not None:  # llama.cpp asks after each part it loads whether to go on
+            progress = llama_cpp.llama_progress_callback(lambda _progress, _data: not cancel.is_set())
+            mp.progress_callback = progress
         self.ptr = llama_cpp.llama_model_load_from_file(str(path).encode(), mp)
+        if not self.ptr and cancel is not None and cancel.is_set():
+            raise LoadCancelled(f"{path.name}: loading stopped")
         if not self.ptr:
             raise SpecdeckError(f"{path}: llama.cpp could not load the model")
         self.vocab = llama_cpp.llama_model_get_vocab(self.ptr)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 
 import numpy as np
@@ -24,8 +25,9 @@ class ModelDrafter(DrafterBase):
 
     name = "draft-model"
 
-    def __init__(self, ctx: Context, p_min: float = 0.0, n_min: int = 0) -> None:
+    def __init__(self, ctx: Context, p_min: float = 0.0, n_min: int = 0, halt: threading.Event | None = None) -> None:
         self.ctx = ctx
+        self.halt = halt or threading.Event()  # the engine's: set, a catch-up over a long prompt stops at its next chunk
         self.p_min = p_min
         self.n_min = n_min
         self.window = ctx.model.swa_window
@@ -53,7 +55,10 @@ class ModelDrafter(DrafterBase):
         known = min(self._growth.unchanged(seq, history), len(cached))
         n = kv.sync(self.ctx, seq, cached, history, self.window, need_logits=True, known=known)
         try:
-            idx = kv.evaluate(self.ctx, seq, history, n, logits_last=True)
+            idx = kv.evaluate(self.ctx, seq, history, n, logits_last=True, stop=self.halt.is_set)
+        except kv.Interrupted as e:  # halted while catching up: no draft, the cache keeps what it evaluated
+            cached.extend(history[len(cached): e.done])
+            return draft
         except DecodeError:  # the draft's pool is full: no draft this step (the target goes on alone)
             self._resync(seq, history)
             return draft
