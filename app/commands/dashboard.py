@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -186,7 +187,7 @@ def render(snap: dict) -> RenderableType:
                           f"{int(tot.get('completion_tokens', 0)):,} tokens out")
     slots = snap.get("slots") or []
     for s in slots[:MAX_SLOT_ROWS]:
-        busy = s.get("state") == "generating"
+        busy = s.get("state") in ("generating", "prompt")
         k = f" · draft {s.get('drafted', 0)}/{s['k']} {s.get('drafter', '')}" if busy and "k" in s else ""
         made = f" {s.get('generated', 0)} tok" if busy else ""
         line = f"#{s['id']} [{'yellow' if busy else 'dim'}]{s.get('state', '?')}[/]{made}{k} · cache {s.get('cached_tokens', 0):,}"
@@ -242,17 +243,19 @@ def api_key_from_env() -> str | None:
     return os.environ.get("SPECDECK_API_KEY") or None
 
 
-def watch(snapshot, out: Console, interval: float, log_interval: float) -> None:
-    """Draw `render(snapshot())` until Ctrl-C; one log line per `log_interval` when not a terminal."""
+def watch(snapshot, out: Console, interval: float, log_interval: float, stop: threading.Event | None = None) -> None:
+    """Draw `render(snapshot())` until Ctrl-C (or `stop` is set); one log line per `log_interval`
+    when not a terminal."""
+    stop = stop or threading.Event()
     if out.is_terminal:
         with Live(render(snapshot()), console=out, screen=True, auto_refresh=False) as live:
-            while True:
-                time.sleep(interval)
+            while not stop.wait(interval):
                 live.update(render(snapshot()), refresh=True)
     else:
         while True:
             print(log_line(snapshot()), flush=True)
-            time.sleep(log_interval)
+            if stop.wait(log_interval):
+                return
 
 
 # -- the command -------------------------------------------------------------------------------

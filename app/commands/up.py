@@ -14,6 +14,7 @@ import collections
 import logging
 import signal
 import sys
+import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -51,11 +52,19 @@ STEPS = ("detect hardware", "pull and verify", "check the pair", "plan memory", 
 class Steps:
     """Numbered steps on the console, each closed with its time and a short result."""
 
-    def __init__(self, console: Console, names: tuple[str, ...]) -> None:
+    def __init__(self, console: Console, names: tuple[str, ...], stop: threading.Event | None = None) -> None:
         self.console, self.names, self.current = console, names, ""
+        self.stop = stop  # set by a stop signal: no step starts or ends as if nothing happened
+
+    def check_stop(self) -> None:
+        """A stop asked for whose KeyboardInterrupt was swallowed (raised inside a llama.cpp callback)
+        still stops here."""
+        if self.stop is not None and self.stop.is_set():
+            raise KeyboardInterrupt
 
     @contextmanager
     def step(self, name: str, spinner: bool = False):
+        self.check_stop()
         self.current = name
         n = self.names.index(name) + 1
         self.console.print(f"[bold][{n}/{len(self.names)}] {name}[/]")
@@ -66,6 +75,7 @@ class Steps:
                 yield result
         else:
             yield result
+        self.check_stop()
         self.console.print(f"  [green]✓[/] {result.get('done', 'done')} [dim]({time.perf_counter() - t:.1f} s)[/]",
                            soft_wrap=True)
 
@@ -142,14 +152,16 @@ def prompt_ids(tok, messages: list[dict]) -> list[int]:
 def load_and_warm(prep: Prepared, threads: int, settings: ServeSettings, steps: Steps) -> Loaded:
     from app.engine.engine import Request, SpecParams
     from app.engine.loader import load
+    from app.llama.context import LoadCancelled
 
-    with steps.step("load models", spinner=True) as r:
-        speculative = settings.speculative
-        loaded = load(prep.plan, prep.target, prep.draft, threads, adaptive=speculative,
-                      suffix_tokens=settings.suffix_tokens, cache_ram_mib=settings.cache_ram)
-        r["done"] = f"target n_ctx {loaded.target.n_ctx:,}" + (", draft loaded" if loaded.draft else "") + \
-                    (", speculation costs calibrated" if speculative else "")
+    loaded = None
     try:
+        with steps.step("load models", spinner=True) as r:
+            speculative = settings.speculative
+            loaded = load(prep.plan, prep.target, prep.draft, threads, adaptive=speculative,
+                          suffix_tokens=settings.suffix_tokens, cache_ram_mib=settings.cache_ram, cancel=steps.stop)
+            r["done"] = f"target n_ctx {loaded.target.n_ctx:,}" + (", draft loaded" if loaded.draft else "") + \
+                        (", speculation costs calibrated" if speculative else "")
         with steps.step("warm up", spinner=True) as r:
             tok = loaded.tokenizer
             req = Request(prompt=prompt_ids(tok, [{"role": "user", "content": "Say hi."}]), max_tokens=8,
@@ -157,8 +169,11 @@ def load_and_warm(prep: Prepared, threads: int, settings: ServeSettings, steps: 
             t = time.perf_counter()
             n = sum(len(rec.tokens) for rec in loaded.engine.generate(req, 0))
             r["done"] = f"{n} tokens in {time.perf_counter() - t:.2f} s"
+    except LoadCancelled:  # a stop signal, seen at llama.cpp's progress report: nothing is left loaded
+        raise KeyboardInterrupt from None
     except BaseException:
-        loaded.close()
+        if loaded is not None:
+            loaded.close()
         raise
     return loaded
 
@@ -176,17 +191,37 @@ class EventLog(logging.Handler):
         self.lines.append(f"{time.strftime('%H:%M:%S')} {record.getMessage()}"[:200])
 
 
-@contextmanager
-def sigterm_as_interrupt():
-    """SIGTERM stops `up` the way Ctrl-C does."""
-    def handler(signum, frame):
-        raise KeyboardInterrupt
+class StopSignals:
+    """SIGTERM stops `up` the way Ctrl-C does: `event` is set, and KeyboardInterrupt is raised where
+    Python runs, except inside `deferred()` (loading and warming up: there llama.cpp calls back into
+    Python, where an exception would be swallowed and printed); there loading stops at llama.cpp's
+    next progress report and the step ends with `Steps.check_stop`."""
 
-    old = signal.signal(signal.SIGTERM, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, old)
+    def __init__(self) -> None:
+        self.event = threading.Event()
+        self.raising = True
+
+    def _handler(self, signum, frame) -> None:
+        self.event.set()
+        if self.raising:
+            raise KeyboardInterrupt
+
+    @contextmanager
+    def installed(self):
+        old = {sig: signal.signal(sig, self._handler) for sig in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            yield self
+        finally:
+            for sig, was in old.items():
+                signal.signal(sig, was)
+
+    @contextmanager
+    def deferred(self):
+        self.raising = False
+        try:
+            yield
+        finally:
+            self.raising = True
 
 
 def up(args: argparse.Namespace, settings: ServeSettings, console: Console, out: Console,
@@ -211,17 +246,21 @@ def up(args: argparse.Namespace, settings: ServeSettings, console: Console, out:
     start = start or Start()
     settings.check()
     sock = bind_socket(settings.host, settings.port)  # a busy port fails now, not after minutes of loading
-    steps = Steps(console, STEPS)
+    signals = StopSignals()
+    stop = signals.event
+    steps = Steps(console, STEPS, stop)
     loaded: Loaded | None = None
     http: HttpThread | None = None
     service = None
     events = EventLog()
     try:
-        with sigterm_as_interrupt():
+        with signals.installed():
             prep = prepare(args, settings, steps, key_file)
             start.plan = prep.plan.to_json()
             threads = args.threads or prep.hw.cpu_count
-            loaded = load_and_warm(prep, threads, settings, steps)
+            with signals.deferred():
+                loaded = load_and_warm(prep, threads, settings, steps)
+            steps.check_stop()
             url = f"{settings.scheme}://{settings.host}:{settings.port}"
             with steps.step("serve") as r:
                 service = build_service(prep.plan, prep.target, prep.draft, prep.name)
@@ -229,7 +268,7 @@ def up(args: argparse.Namespace, settings: ServeSettings, console: Console, out:
                 reload_keys_on_hangup(app.state.keys)
                 if prep.embedder is not None and prep.plan.embedding is not None:
                     service.embedder = Embedder(prep.embedder, prep.plan.embedding, threads)
-                service.revision, service.digests = start.revision, start.digests
+                service.revision, service.digests, service.fallback = start.revision, start.digests, start.fallback
                 service.machine = machine_facts(prep.hw)
                 attach(service, loaded, settings, app.state.count)
                 watch_alerts(service, app.state.metrics, start)
@@ -238,6 +277,7 @@ def up(args: argparse.Namespace, settings: ServeSettings, console: Console, out:
                 try:
                     smoked = smoke_request(local_url(settings), None, app.state.self_headers)
                 except SpecdeckError as e:
+                    steps.check_stop()  # a stop cut the smoke request short: no failed start
                     raise StartFailed(f"smoke request failed: {e.message}") from None
                 if start.on_good is not None:
                     start.on_good()
@@ -258,10 +298,10 @@ def up(args: argparse.Namespace, settings: ServeSettings, console: Console, out:
                 return snap
 
             try:
-                watch(snapshot, out, args.interval, args.log_interval)
+                watch(snapshot, out, args.interval, args.log_interval, stop)
             except KeyboardInterrupt:
                 pass
-            console.print("stopping: finishing requests in flight (10 s at most), freeing the models")
+            console.print(f"stopping: finishing requests in flight ({settings.shutdown_grace:g} s at most), freeing the models")
             busy = service.scheduler.busy_slots() if service.scheduler else 0
             http.stop()
             http = None
@@ -269,9 +309,9 @@ def up(args: argparse.Namespace, settings: ServeSettings, console: Console, out:
             loaded = None
             console.print(f"stopped cleanly ({busy} request(s) were in flight)")
             return 0
-    except KeyboardInterrupt:
-        console.print(f"interrupted during: {steps.current}; nothing left running")
-        return 130
+    except KeyboardInterrupt:  # a stop asked for during start-up: reported as a stop, not as a failed start
+        console.print(f"stopped during: {steps.current}; nothing left running")
+        return 0
     finally:
         if http is not None:
             http.stop()

@@ -30,6 +30,7 @@ from app.server.core import (
     events,
     refuse_images,
     require_ready,
+    stopping_error,
     submit,
 )
 from app.server.errors import ApiError, shaped
@@ -332,6 +333,9 @@ async def _stream(request: Request, job: Job, text: TextStream, service: Service
             for call in calls:
                 for chunk in blocks.tool_use(call):
                     yield chunk
+            if rec.finish_reason == "shutdown":  # the server stopped mid-answer: Anthropic's overload error ends it
+                yield _event("error", {"error": shaped("/v1/messages", stopping_error())["error"]})
+                return
             stop = "tool_use" if calls else _stop_reason(text, rec)
             yield _event("message_delta", {"delta": {"stop_reason": stop, "stop_sequence": text.stopped_by},
                                            "usage": _usage(rec)})

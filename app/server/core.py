@@ -27,7 +27,15 @@ from app.plan.hardware import read_gpus
 from app.server.audit import current_usage
 from app.server.errors import ApiError
 from app.server.metrics import Metrics
-from app.server.scheduler import Done, Failed, Job, QueueFull, Scheduler
+from app.server.scheduler import (
+    SHUTTING_DOWN,
+    Done,
+    Failed,
+    Job,
+    QueueFull,
+    Scheduler,
+    ShuttingDown,
+)
 from app.server.schemas import MAX_STOP_STRINGS, Sampling
 from app.server.settings import ServeSettings
 from app.server.stats import LiveStats
@@ -35,7 +43,9 @@ from app.server.textstream import TextStream
 from app.server.watch import AlertWatcher
 
 log = logging.getLogger("specdeck.server")
-FINISH = {"stop": "stop", "length": "length", "context": "length", "time_limit": "length", "cancelled": "stop", "error": "stop"}
+# "shutdown": the server stopped mid-answer; "abort" is the finish reason vLLM gives a request it aborted
+FINISH = {"stop": "stop", "length": "length", "context": "length", "time_limit": "length", "cancelled": "stop", "error": "stop",
+          "shutdown": "abort"}
 
 
 def require_ready(service: Service) -> None:
@@ -205,7 +215,14 @@ def submit(service: Service, settings: ServeSettings, metrics: Metrics, body: Sa
         metrics.errors.labels("queue_full").inc()
         raise ApiError(429, "the server is busy: too many queued requests", "rate_limit_error",
                        headers={"Retry-After": "1"}) from None
+    except ShuttingDown:
+        raise stopping_error() from None
     return job
+
+
+def stopping_error() -> ApiError:
+    """What a request gets when the server stops under it before its answer is whole."""
+    return ApiError(503, SHUTTING_DOWN, "server_error", headers={"Retry-After": "5"})
 
 
 async def collect(request: Request, job: Job, text: TextStream) -> tuple[str, RequestRecord]:
@@ -223,12 +240,20 @@ async def collect(request: Request, job: Job, text: TextStream) -> tuple[str, Re
         elif isinstance(event, Failed):
             failed = event
     if failed is not None:
-        kind = "server_error" if failed.status >= 500 else "rate_limit_error" if failed.status == 429 else "invalid_request_error"
-        raise ApiError(failed.status, failed.message, kind, headers={"Retry-After": "1"} if failed.status == 429 else None)
+        raise failed_error(failed)
     if record is None:
         raise ApiError(499, "client closed the request")
+    if record.finish_reason == "shutdown":  # cut short by a stop: the part generated is no answer
+        raise stopping_error()
     parts.append(text.flush())
     return "".join(parts), record
+
+
+def failed_error(failed: Failed) -> ApiError:
+    """A job the scheduler could not serve, as an API error (busy and unavailable say when to retry)."""
+    kind = "server_error" if failed.status >= 500 else "rate_limit_error" if failed.status == 429 else "invalid_request_error"
+    retry = {429: "1", 503: "5"}.get(failed.status)
+    return ApiError(failed.status, failed.message, kind, headers={"Retry-After": retry} if retry else None)
 
 
 def finish_reason(text: TextStream, record: RequestRecord) -> str:
@@ -274,6 +299,7 @@ def refresh_gauges(service: Service, metrics: Metrics) -> list:
     metrics.ram_used.set(psutil.Process().memory_info().rss)
     metrics.queue_limit.set(service.scheduler.max_queue)
     metrics.slots.set(len(service.scheduler.engine.slots))
+    metrics.fallback.set(1 if service.fallback else 0)
     saved = service.scheduler.engine.saved
     metrics.saved_bytes.set(saved.nbytes)
     metrics.saved_prompts.set(len(saved))
@@ -310,7 +336,8 @@ def status_json(service: Service, metrics: Metrics) -> dict:
     slots = []
     for s in eng.slots:
         job = service.scheduler.active.get(s.id)
-        slots.append({"id": s.id, "state": "generating" if job else "idle", "cached_tokens": len(s.cached),
+        state = "generating" if job else "prompt" if s.id in service.scheduler.starting else "idle"
+        slots.append({"id": s.id, "state": state, "cached_tokens": len(s.cached),
                       "generated": s.generated if job else 0, **service.stats.slot(s.id)})
     vm = psutil.virtual_memory()
     return {
@@ -328,7 +355,8 @@ def status_json(service: Service, metrics: Metrics) -> dict:
         "model_id": service.model_id, "version": __version__,
         "errors": sum(m.value for f in metrics.errors.collect() for m in f.samples if m.name.endswith("_total")),
         **capacity(service),
-        "revision": service.revision, "machine": service.machine, "model_digests": service.digests,
+        "revision": service.revision, "fallback": service.fallback, "machine": service.machine,
+        "model_digests": service.digests,
         "alerts": service.alerts.to_json() if service.alerts is not None else [],
         **service.stats.snapshot(),
     }
@@ -352,6 +380,7 @@ class Service:
     embedder: Embedder | None = None  # the optional embedding model (/v1/embeddings, /api/embed)
     alerts: AlertWatcher | None = None  # raised alerts for /v1/status, /metrics and the dashboard
     revision: int | None = None  # the configuration revision being served (specdeck config history)
+    fallback: dict | None = None  # {"from": revision, "reason": ...} when it serves in place of a failed start
     machine: dict = field(default_factory=dict)  # CPU, cores, GPUs, build: what a baseline is tied to
     digests: dict = field(default_factory=dict)  # role -> SHA-256 of the model files
 

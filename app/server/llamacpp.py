@@ -25,8 +25,10 @@ from app.server.core import (
     Service,
     check_vocab,
     events,
+    failed_error,
     fim_tokens,
     require_ready,
+    stopping_error,
     submit,
     timings,
 )
@@ -39,7 +41,7 @@ from app.server.structured import json_grammar
 from app.server.textstream import TextStream
 
 STOP_TYPES = {"stop": "eos", "length": "limit", "context": "limit", "time_limit": "limit", "cancelled": "none",
-              "error": "none"}
+              "error": "none", "shutdown": "none"}
 
 
 class NativeSampling(Sampling):
@@ -237,13 +239,15 @@ async def _native(request: Request, service: Service, settings: ServeSettings, m
             if text.stopped or budget.over(parts[-1]):
                 job.cancel()
         elif isinstance(event, Failed):
-            raise ApiError(event.status, event.message, "server_error" if event.status >= 500 else "invalid_request_error")
+            raise failed_error(event)
         elif isinstance(event, Done):
             rec = event.record
             if job.quiet:
                 parts.append(text.push(rec.completion))
     if rec is None:
         raise ApiError(499, "client closed the request")
+    if rec.finish_reason == "shutdown":
+        raise stopping_error()
     parts.append(text.flush())
     return _final(body, service, rec, text, budget, "".join(parts))
 
@@ -299,7 +303,7 @@ def _props(service: Service, settings: ServeSettings) -> dict:
 def _slots(service: Service) -> list[dict]:
     eng, out = service.scheduler.engine, []
     for s in eng.slots:
-        job = service.scheduler.active.get(s.id)
+        job = service.scheduler.active.get(s.id) or service.scheduler.starting.get(s.id)
         out.append({"id": s.id, "n_ctx": service.n_ctx, "is_processing": job is not None, "id_task": job.id if job else -1,
                     "n_cached": len(s.cached), "n_generated": s.generated if job else 0,
                     "params": _generation_settings(None, service)})

@@ -35,7 +35,7 @@ from app.server.core import (
 )
 from app.server.errors import ApiError
 from app.server.metrics import Metrics
-from app.server.scheduler import Done, Failed, Job
+from app.server.scheduler import SHUTTING_DOWN, Done, Failed, Job
 from app.server.schemas import Sampling, StrictBody
 from app.server.settings import ServeSettings
 from app.server.structured import (
@@ -280,9 +280,10 @@ async def _stream(request: Request, job: Job, text: TextStream, shell: dict, nam
             d = hold.push(text.push(event.tokens))
             for chunk in delta(d) if d else []:
                 yield chunk
-        elif isinstance(event, Failed):
+        elif isinstance(event, Failed) or (isinstance(event, Done) and event.record.finish_reason == "shutdown"):
+            message = event.message if isinstance(event, Failed) else SHUTTING_DOWN
             yield ev("response.failed", response={**shell, "status": "failed",
-                                                  "error": {"code": "server_error", "message": event.message}})
+                                                  "error": {"code": "server_error", "message": message}})
             return
         elif isinstance(event, Done):
             tail = hold.push(text.flush())

@@ -5,6 +5,10 @@ prompt, so coding tools that resend the same file reuse it; else the one used lo
 caches of other recent prompts stay for their next turn), then run one batched step for
 every active slot, then hand each slot's step record to its job. A cancelled job (client gone, stop
 string seen, time limit) frees its slot at the next step boundary, where the cache is consistent.
+
+Stopping (`wind_down`, then `stop`): queued jobs fail with 503, a prompt being evaluated stops at its
+next chunk (503), running answers end at their next step with finish reason "shutdown", and `stop`
+returns only once the worker has left llama.cpp, so the contexts can be freed after it.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-from app.engine.engine import Engine, PoolBusy, Request, Slot
+from app.engine.engine import Engine, Interrupted, PoolBusy, Request, Slot
 from app.engine.kv import common_prefix
 from app.engine.records import RequestRecord, StepRecord
 from app.errors import SpecdeckError
@@ -25,6 +29,13 @@ from app.llama.context import DecodeError
 
 class QueueFull(SpecdeckError):
     pass
+
+
+class ShuttingDown(SpecdeckError):
+    pass
+
+
+SHUTTING_DOWN = "the server is shutting down; retry once it is back"
 
 
 def pick_slot(free: list[Slot], prompt: list[int], last_used: dict[int, float], min_shared: int = 64,
@@ -91,7 +102,8 @@ class Scheduler:
         self.engine = engine
         self.max_queue = max_queue
         self.queue: collections.deque[Job] = collections.deque()
-        self.active: dict[int, Job] = {}
+        self.active: dict[int, Job] = {}  # slot id -> the job generating there
+        self.starting: dict[int, Job] = {}  # slot id -> the job whose prompt is being evaluated there
         self.cv = threading.Condition()
         self.running = False
         self.thread: threading.Thread | None = None
@@ -99,11 +111,14 @@ class Scheduler:
         self.on_done = on_done or (lambda job, rec: None)
         self.recent: collections.deque[tuple[float, int]] = collections.deque(maxlen=512)  # (time, tokens)
         self.last_used: dict[int, float] = {}  # slot id -> when its last request ended
+        self.stopping = False  # set by wind_down: nothing new starts, what runs ends at its next step
 
     # -- API for handlers ------------------------------------------------------------------
 
     def submit(self, job: Job) -> None:
         with self.cv:
+            if self.stopping:
+                raise ShuttingDown(SHUTTING_DOWN)
             if len(self.queue) >= self.max_queue:
                 raise QueueFull("the request queue is full")
             self.queue.append(job)
@@ -113,40 +128,42 @@ class Scheduler:
         return len(self.queue)
 
     def busy_slots(self) -> int:
-        return len(self.active)
+        return len(self.active) + len(self.starting)
 
     def start(self) -> None:
         self.running = True
         self.thread = threading.Thread(target=self._run, name="specdeck-engine", daemon=True)
         self.thread.start()
 
-    def stop(self, timeout: float = 10.0) -> None:
+    def stop(self, timeout: float = 300.0) -> bool:
+        """Wind down at once and wait for the worker to leave the engine (at most one prompt chunk or
+        one step). Returns False if it is still inside llama.cpp after `timeout`: then nothing may
+        free the contexts."""
+        self.wind_down()
         with self.cv:
             self.running = False
-            for job in list(self.queue):
-                job.send(Failed("server shutting down", 503))
-            self.queue.clear()
-            for job in self.active.values():
-                job.cancel()
             self.cv.notify()
-        if self.thread:
+        if self.thread is not None:
             self.thread.join(timeout)
+            return not self.thread.is_alive()
+        return True
 
     def wind_down(self) -> None:
-        """Shutting down: queued jobs fail with 503 now; running ones end at their next step, as if
-        their time limit had passed (finish "length"), so open streams close within a step."""
+        """Shutting down: queued jobs fail with 503 now; a prompt being evaluated stops at its next
+        chunk (503); running answers end at their next step (finish "shutdown"), so open streams
+        close within a step."""
         with self.cv:
+            self.stopping = True
+            self.engine.halt.set()
             for job in list(self.queue):
-                job.send(Failed("server shutting down", 503))
+                job.send(Failed(SHUTTING_DOWN, 503))
             self.queue.clear()
-            for job in self.active.values():
-                job.deadline = 0.0
             self.cv.notify()
 
     # -- the worker ------------------------------------------------------------------------
 
     def _free_slots(self) -> list[Slot]:
-        return [s for s in self.engine.slots if s.id not in self.active]
+        return [s for s in self.engine.slots if s.id not in self.active and s.id not in self.starting]
 
     def _admit(self) -> None:
         while True:
@@ -158,24 +175,30 @@ class Scheduler:
             if job.cancelled.is_set():
                 continue
             slot = pick_slot(free, job.request.prompt, self.last_used, owner=job.request.owner)
+            self.starting[slot.id] = job  # busy while its prompt is evaluated (/health, balancers)
             try:
-                rec = self.engine.start(slot, job.request)
-            except PoolBusy as e:
-                job.send(Failed(f"the server is busy: {e.message}", 429))
-                continue
-            except DecodeError as e:  # llama.cpp refused the prompt (out of memory): not the client's fault
-                job.send(Failed(f"the prompt could not be evaluated: {e.message}; retry later", 503))
-                continue
-            except SpecdeckError as e:
-                job.send(Failed(e.message, 400))
-                continue
+                rec = self.engine.start(slot, job.request, job.cancelled.is_set)
             except Exception as e:  # noqa: BLE001 - a failed request must not stop the server
-                job.send(Failed(f"{type(e).__name__}: {e}"))
+                job.send(self._refusal(e))
                 continue
+            finally:
+                self.starting.pop(slot.id, None)
             job.slot = slot
             job.t_first = time.perf_counter()
             self.active[slot.id] = job
             self._deliver(job, rec)
+
+    def _refusal(self, e: Exception) -> Failed:
+        """What a request whose prompt could not be started is told."""
+        if isinstance(e, Interrupted):  # the server is stopping, or the client went away mid-prompt
+            return Failed(SHUTTING_DOWN, 503) if self.stopping else Failed("client closed the request", 499)
+        if isinstance(e, PoolBusy):
+            return Failed(f"the server is busy: {e.message}", 429)
+        if isinstance(e, DecodeError):  # llama.cpp refused the prompt (out of memory): not the client's fault
+            return Failed(f"the prompt could not be evaluated: {e.message}; retry later", 503)
+        if isinstance(e, SpecdeckError):
+            return Failed(e.message, 400)
+        return Failed(f"{type(e).__name__}: {e}")
 
     def _deliver(self, job: Job, rec: StepRecord) -> None:
         self.recent.append((time.monotonic(), len(rec.tokens)))
@@ -205,7 +228,9 @@ class Scheduler:
             self._admit()
             now = time.monotonic()
             for job in list(self.active.values()):
-                if job.cancelled.is_set():
+                if self.stopping:
+                    self._close(job, "shutdown")
+                elif job.cancelled.is_set():
                     self._close(job, "cancelled")
                 elif now > job.deadline:
                     self._close(job, "time_limit")

@@ -75,15 +75,40 @@ def bind_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
+# seconds uvicorn waits, after a stop, for the connections in flight to close before it cancels their
+# handlers: only a safety net, since the scheduler ends every request within a prompt chunk or a step
+# of the wind-down (a client that stops reading can still hold its connection)
+GRACEFUL_LIMIT = 60
+
+
 class _Server(uvicorn.Server):
-    """uvicorn, and on SIGTERM / Ctrl-C the generation in flight gets `shutdown_grace` seconds to
-    finish, then ends (finish "length"), so streams close and the process exits in seconds rather
-    than at uvicorn's 10 s graceful limit or the end of a long answer."""
+    """uvicorn, and on a stop (SIGTERM / Ctrl-C, or `stop()` where no signal can reach it) the
+    generation in flight gets `shutdown_grace` seconds to finish, then the scheduler winds down
+    (queued requests 503, a prompt being evaluated stops at its next chunk, answers end at their next
+    step), so streams close and the process exits in seconds. `on_stop` is told at once."""
+
+    def __init__(self, config: uvicorn.Config, on_stop: Callable[[], None] | None = None) -> None:
+        super().__init__(config)
+        self.on_stop = on_stop
+        self.stop_asked = False
 
     def handle_exit(self, sig, frame) -> None:
         super().handle_exit(sig, frame)
-        if sig == signal.SIGTERM:  # uvicorn re-raises it after shutdown, which skips our cleanup: exit 0 instead
-            self._captured_signals.remove(sig)
+        # uvicorn re-raises the signal after its shutdown, which would skip our cleanup (and make Ctrl-C
+        # exit 130): a stop asked for is a clean exit 0
+        self._captured_signals.clear()
+        self._stopping()
+
+    def stop(self) -> None:
+        self.should_exit = True
+        self._stopping()
+
+    def _stopping(self) -> None:
+        if self.stop_asked:
+            return
+        self.stop_asked = True
+        if self.on_stop is not None:
+            self.on_stop()
         state = self.config.app.state
         if state.service.scheduler is not None:
             timer = threading.Timer(state.settings.shutdown_grace, state.service.scheduler.wind_down)
@@ -91,14 +116,15 @@ class _Server(uvicorn.Server):
             timer.start()
 
 
-def _server(app) -> uvicorn.Server:
+def _server(app, on_stop: Callable[[], None] | None = None) -> _Server:
     settings = app.state.settings
     tls = {"ssl_certfile": str(settings.tls_cert), "ssl_keyfile": str(settings.tls_key)} if settings.tls_cert else {}
     # proxy_headers off: uvicorn would otherwise believe X-Forwarded-For from any loopback peer; the
     # client address is app/server/access.py's, from --trusted-proxies only
-    config = uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=10,
+    config = uvicorn.Config(app, log_level="warning", access_log=False,
+                            timeout_graceful_shutdown=int(settings.shutdown_grace) + GRACEFUL_LIMIT,
                             proxy_headers=False, **tls)
-    return _Server(config)
+    return _Server(config, on_stop)
 
 
 class HttpThread:
@@ -117,17 +143,20 @@ class HttpThread:
             time.sleep(0.02)
 
     def stop(self) -> None:
-        """Stop accepting; requests in flight get up to 10 s to finish (the scheduler still runs)."""
-        self.server.should_exit = True
-        self.thread.join(15)
+        """Stop accepting and wind down as a signal would (see _Server); returns once the requests in
+        flight have ended."""
+        self.server.stop()
+        self.thread.join(self.server.config.timeout_graceful_shutdown + 5)
 
 
 def shutdown(service: Service, loaded: Loaded | None) -> None:
-    """After the HTTP server stopped: cancel what is left, stop the worker, free the contexts."""
+    """After the HTTP server stopped: cancel what is left, wait for the engine's worker to leave
+    llama.cpp, then free the contexts (never while a decode may still run in them)."""
     if service.alerts is not None:
         service.alerts.stop()
-    if service.scheduler is not None:
-        service.scheduler.stop()
+    if service.scheduler is not None and not service.scheduler.stop():
+        log.error("specdeck: the engine did not stop in time; its contexts are left to the process's exit")
+        return
     if loaded is not None:
         loaded.close()
     if service.embedder is not None:
@@ -151,6 +180,7 @@ class Start:
     digests: dict = field(default_factory=dict)
     status_line: str = ""  # appended to systemd's STATUS= (e.g. the fallback that led here)
     plan: dict | None = None  # the plan this start serves (recorded with the revision)
+    fallback: dict | None = None  # {"from": revision, "reason": ...} when this start stands in for a failed one
 
 
 def watch_alerts(service: Service, metrics, start: Start) -> None:
@@ -176,18 +206,19 @@ def local_url(settings: ServeSettings) -> str:
 def serve(settings: ServeSettings, plan: Plan, target: ModelInfo, draft: ModelInfo | None, threads: int,
           model_id: str, embedder: ModelInfo | None = None, start: Start | None = None) -> int:
     """Serve until stopped. Raises StartFailed if it never became good (the caller may fall back);
-    returns 0 after a clean stop."""
+    returns 0 after a clean stop, also one during start-up (a stop is not a failed start)."""
     start = start or Start()
     start.plan = plan.to_json()
     settings.check()
     sock = bind_socket(settings.host, settings.port)
     service = build_service(plan, target, draft, model_id)
     service.revision, service.machine, service.digests = start.revision, start.machine, start.digests
+    service.fallback = start.fallback
     app = create_app(settings, service)
     reload_keys_on_hangup(app.state.keys)
-    server = _server(app)
+    stop = threading.Event()  # a stop was asked for (signal), or the server has ended
+    server = _server(app, on_stop=stop.set)
     state: dict = {}
-    stop = threading.Event()
     url = local_url(settings)
     tail = f" ({start.status_line})" if start.status_line else ""
 
@@ -200,20 +231,26 @@ def serve(settings: ServeSettings, plan: Plan, target: ModelInfo, draft: ModelIn
     def loader() -> None:
         try:
             state["loaded"] = load(plan, target, draft, threads, adaptive=settings.speculative, suffix_tokens=settings.suffix_tokens,
-                                   cache_ram_mib=settings.cache_ram)
+                                   cache_ram_mib=settings.cache_ram, cancel=stop)
             if embedder is not None and plan.embedding is not None:
                 service.embedder = Embedder(embedder, plan.embedding, threads)
+            if stop.is_set():
+                return
             attach(service, state["loaded"], settings, app.state.count)
             watch_alerts(service, app.state.metrics, start)
-        except Exception as e:  # noqa: BLE001 - reported, and the start has failed
-            fail(f"loading failed: {e}")
+        except Exception as e:  # noqa: BLE001 - reported, and the start has failed (unless it was stopped)
+            if not stop.is_set():
+                fail(f"loading failed: {e}")
             return
         while not server.started and not stop.is_set():
             time.sleep(0.02)
+        if stop.is_set():
+            return
         try:
             result = smoke_request(url, None, app.state.self_headers)
         except SpecdeckError as e:
-            fail(f"smoke request failed: {e.message}")
+            if not stop.is_set():  # a stop cuts the smoke request short: that is no failure
+                fail(f"smoke request failed: {e.message}")
             return
         state["good"] = True
         if start.on_good is not None:
@@ -228,7 +265,8 @@ def serve(settings: ServeSettings, plan: Plan, target: ModelInfo, draft: ModelIn
             fail(f"not healthy after {start.timeout:.0f} s")
 
     sdnotify.notify(f"STATUS=loading {model_id}" + (f" (revision {start.revision})" if start.revision else "") + tail)
-    threading.Thread(target=loader, name="specdeck-load", daemon=True).start()
+    loading = threading.Thread(target=loader, name="specdeck-load", daemon=True)
+    loading.start()
     threading.Thread(target=deadline, name="specdeck-start-timeout", daemon=True).start()
     sdnotify.start_watchdog(f"{url}/health", app.state.self_headers,
                             lambda: service.scheduler is not None and service.scheduler.thread is not None
@@ -240,7 +278,10 @@ def serve(settings: ServeSettings, plan: Plan, target: ModelInfo, draft: ModelIn
         sock.close()
         if "good" in state or "error" not in state:
             sdnotify.notify("STOPPING=1")
+        loading.join()  # loading stops at llama.cpp's next progress report, the smoke request with the engine
         shutdown(service, state.get("loaded"))
     if "error" in state and "good" not in state:
         raise StartFailed(state["error"])
+    if "good" not in state:
+        log.warning("specdeck: stopped during start-up (nothing was serving yet)")
     return 1 if "error" in state else 0
