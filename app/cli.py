@@ -56,9 +56,11 @@ def _add_serve_flags(p: argparse.ArgumentParser) -> None:
 
 
 def _add_start_flags(p: argparse.ArgumentParser) -> None:
-    """serve and up: a start is a recorded revision; one that fails falls back to the last good one."""
-    p.add_argument("--no-fallback", action="store_true",
-                   help="if this start fails, exit instead of starting the last good revision")
+    """serve and up: a start is a recorded revision; one that fails exits, or with --fallback starts
+    the last good one of the same deployment."""
+    p.add_argument("--fallback", action=argparse.BooleanOptionalAction, default=False,
+                   help="if this start fails, start the last good revision of the same address, port and TLS "
+                        "setting instead of exiting (the installed service does; default: exit with the reason)")
 
 
 

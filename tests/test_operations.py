@@ -211,7 +211,7 @@ def corrupt_copy(src: Path, dst: Path) -> Path:
     return dst
 
 
-def test_failed_starts_fall_back_to_the_last_good_revision(tiny, tmp_path):
+def test_failed_starts_exit_and_with_fallback_start_the_last_good_revision_of_the_same_port(tiny, tmp_path):
     port = free_port()
     base = ["--target", str(tiny.target), "--draft", str(tiny.draft), "--ctx", "512", "--port", str(port)]
     first = Serve(*base)
@@ -233,31 +233,43 @@ def test_failed_starts_fall_back_to_the_last_good_revision(tiny, tmp_path):
         "port taken": ["--target", str(tiny.target), "--draft", str(tiny.draft), "--ctx", "512", "--port", str(taken)],
     }
     try:
-        for n, (what, args) in enumerate(cases.items(), start=2):
-            s = Serve(*args)
+        # what the user named fails: it says why and exits; nothing else is started in its place
+        r = run_cli("serve", *cases["corrupted draft"])
+        assert r.returncode == 1 and "broken-draft.gguf" in r.stderr and "now serving" not in r.stdout + r.stderr
+        assert "Traceback" not in r.stderr and not _health(port)
+        for n, what in ((2, "corrupted draft"), (3, "impossible context")):
+            s = Serve(*cases[what], "--fallback")
             try:
                 assert s.wait_line("models loaded"), f"{what}:\n{s.output}"
                 assert f"revision {n} failed (" in s.output and "now serving revision 1" in s.output, s.output
-                assert answers(port), what  # the good revision answers, on its own port
+                assert answers(port), what  # the good revision answers, on the same port
+                status = httpx.get(f"http://127.0.0.1:{port}/v1/status").json()
+                assert status["revision"] == 1 and status["fallback"]["from"] == n, status
+                metrics = httpx.get(f"http://127.0.0.1:{port}/metrics").text
+                assert "specdeck_fallback_active 1.0" in metrics
             finally:
                 assert s.stop() == 0, s.output
             assert "Traceback" not in s.output
+        # a fallback never moves a client: revision 1 listens on another port, so none is started
+        r = run_cli("serve", *cases["port taken"], "--fallback")
+        assert r.returncode == 1 and f"{taken}" in r.stderr and "now serving" not in r.stdout + r.stderr, r.stderr
+        assert f"no earlier revision on 127.0.0.1:{taken} was good" in r.stderr, r.stderr
     finally:
         busy.close()
     h = history()
     assert [(r["number"], r["status"]) for r in h["revisions"]] == [(1, "good"), (2, "failed"), (3, "failed"), (4, "failed")]
     fails = {r["number"]: r["failure"] for r in h["revisions"]}
     assert "broken-draft.gguf" in fails[2] and "100,000,000" in fails[3] and f"{taken}" in fails[4]
-    assert h["current"]["revision"] == 1 and h["current"]["fallback"]["from"] == 4
+    assert h["current"]["revision"] == 1 and h["current"]["fallback"]["from"] == 3
     assert bad_draft.exists() and tiny.draft.exists() and tiny.target.exists()  # nothing deleted
 
     table = run_cli("config", "history")
-    assert table.returncode == 0 and "failed" in table.stdout and "fallback from revision 4" in table.stdout
+    assert table.returncode == 0 and "failed" in table.stdout and "fallback from revision 3" in table.stdout
 
-    # the same configuration again is the same revision; --no-fallback exits instead
+    # the same configuration again is the same revision; --no-fallback (the default) exits
     r = run_cli("serve", *cases["corrupted draft"], "--no-fallback")
     assert r.returncode == 1 and "broken-draft.gguf" in r.stderr and "Traceback" not in r.stderr
-    assert len(history()["revisions"]) == 4 and history()["revisions"][1]["starts"] == 2
+    assert len(history()["revisions"]) == 4 and history()["revisions"][1]["starts"] == 3
 
     # rollback: a chosen revision starts again; one that does not exist is one clear line
     r = run_cli("rollback", "9")
@@ -271,7 +283,7 @@ def test_failed_starts_fall_back_to_the_last_good_revision(tiny, tmp_path):
     finally:
         p.send_signal(signal.SIGTERM)
         assert p.wait(30) == 0
-    assert history()["revisions"][0]["starts"] == 5  # its own start, three fallbacks, the rollback
+    assert history()["revisions"][0]["starts"] == 4  # its own start, two fallbacks, the rollback
 
 
 def _health(port: int) -> bool:
@@ -283,8 +295,8 @@ def _health(port: int) -> bool:
 
 def test_a_failed_start_with_no_good_revision_says_so(tiny, tmp_path):
     bad = corrupt_copy(tiny.draft, tmp_path / "bad.gguf")
-    r = run_cli("serve", "--target", str(tiny.target), "--draft", str(bad), "--port", str(free_port()))
-    assert r.returncode == 1 and "bad.gguf" in r.stderr and "no earlier revision was good" in r.stderr
+    r = run_cli("serve", "--target", str(tiny.target), "--draft", str(bad), "--port", str(free_port()), "--fallback")
+    assert r.returncode == 1 and "bad.gguf" in r.stderr and "no earlier revision on" in r.stderr and "was good" in r.stderr
     assert [x["status"] for x in history()["revisions"]] == ["failed"]
     r = run_cli("rollback")
     assert r.returncode == 1 and "no good revision to roll back to" in r.stderr
@@ -326,7 +338,7 @@ def test_under_systemd_the_fallback_is_on_the_status_line(tiny, tmp_path):
     listener.bind(str(sock_path))
     listener.settimeout(60)
     bad = corrupt_copy(tiny.draft, tmp_path / "cut.gguf")
-    s = Serve("--target", str(tiny.target), "--draft", str(bad), "--ctx", "512", "--port", str(port),
+    s = Serve("--target", str(tiny.target), "--draft", str(bad), "--ctx", "512", "--port", str(port), "--fallback",
               env={"NOTIFY_SOCKET": str(sock_path)})
     try:
         got: list[str] = []

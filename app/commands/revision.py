@@ -4,8 +4,10 @@ revisions: `specdeck config history` and `specdeck rollback [REV]`.
     settings and thresholds parse (else: one line, no revision)
     -> the models are located and hashed, the revision recorded (or found: same configuration)
     -> start; once healthy and its smoke request passed, the revision is good
-    -> a start that fails before that: one line saying what failed, then the last good revision
-       starts at once (unless --no-fallback) and is recorded as serving, with the fallback
+    -> a start that fails before that: one line saying what failed and a non-zero exit; with
+       --fallback (the installed service's unit passes it), the last good revision of the same
+       deployment (bind address, port, TLS) starts at once instead, recorded as serving with the
+       fallback, which /v1/status and /metrics show. A stop during start-up is no failure.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from app.server import sdnotify
 from app.server.settings import ServeSettings
 from app.settings import paths
 
-NOT_RECORDED = ("func", "no_fallback", "revision_start")  # flags about this start, not the configuration
+NOT_RECORDED = ("func", "fallback", "no_fallback", "revision_start")  # flags about this start, not the configuration
 
 
 def store() -> RevisionStore:
@@ -75,7 +77,8 @@ def _start(rev: Revision, args: argparse.Namespace, settings: ServeSettings, ale
 
     start = Start(alerts=alerts, baseline_acceptance=baseline_acceptance(rev.name), on_good=good, timeout=settings.start_timeout,
                   revision=rev.number, digests={role: m.get("sha256") for role, m in rev.models.items()},
-                  status_line=status_line)
+                  status_line=status_line,
+                  fallback={"from": failed.number, "reason": reason} if failed is not None else None)
     return _runner(rev.command)(args, settings, start)
 
 
@@ -96,10 +99,12 @@ def run_revisioned(args: argparse.Namespace, command: str) -> int:
         if rev.good_at != good_before:
             raise  # it became good (mark_good stamps `rev`), served, then stopped: not a failed start
         st.mark_failed(rev, reason)
-        good = st.last_good(exclude=rev.number)
-        if getattr(args, "no_fallback", False) or good is None:
-            if good is None and not getattr(args, "no_fallback", False):
-                e.hint = e.hint or f"revision {rev.number} failed and no earlier revision was good to fall back to"
+        if not getattr(args, "fallback", False):  # what the user named failed: say so, serve nothing else
+            raise
+        good = st.last_good(exclude=rev.number, like=rev)
+        if good is None:
+            none = f"no earlier revision on {rev.summary().rsplit(' on ', 1)[-1]} was good to fall back to"
+            e.hint = f"{e.hint}; {none}" if e.hint else none
             raise
     line = f"revision {rev.number} failed ({reason}); now serving revision {good.number}: {good.summary()}"
     console.print(f"[red]{escape(line)}[/]", soft_wrap=True)
@@ -110,7 +115,7 @@ def run_revisioned(args: argparse.Namespace, command: str) -> int:
 def _revision_settings(rev: Revision) -> tuple[argparse.Namespace, ServeSettings, AlertSettings]:
     """The revision's recorded command line and settings; the API key comes from where it came then
     (the key file it names, else SPECDECK_API_KEY), never from the record."""
-    args = argparse.Namespace(**rev.args, no_fallback=True)
+    args = argparse.Namespace(**rev.args, fallback=False)
     serve = dict((rev.settings or {}).get("serve") or {})
     if args.api_key_file:
         serve["api_key_file"] = args.api_key_file

@@ -47,6 +47,12 @@ class Revision:
     def name(self) -> str:
         return self.preset or str(self.args.get("name") or self.args.get("target") or "?")
 
+    @property
+    def deployment(self) -> tuple:
+        """Where clients reach it: bind address, port and whether TLS is on."""
+        serve = self.settings.get("serve") or {}
+        return serve.get("host"), serve.get("port"), bool(serve.get("tls_cert"))
+
     def summary(self) -> str:
         order = {"target": 0, "draft": 1, "embedding": 2}
         models = ", ".join(f"{role} {Path(m.get('path') or m.get('ref') or '?').name}"
@@ -140,8 +146,11 @@ class RevisionStore:
         rev.failure = f"{now_iso()}: {reason}"
         self.save(rev)
 
-    def last_good(self, exclude: int | None = None) -> Revision | None:
-        good = [r for r in self.all() if r.status == "good" and r.number != exclude]
+    def last_good(self, exclude: int | None = None, like: Revision | None = None) -> Revision | None:
+        """The revision that was good most recently; with `like`, only one of the same deployment (see
+        `Revision.deployment`), so a fallback never moves a client's address, port or scheme."""
+        good = [r for r in self.all() if r.status == "good" and r.number != exclude
+                and (like is None or r.deployment == like.deployment)]
         return max(good, key=lambda r: r.good_at or "", default=None)
 
     # -- which revision serves ---------------------------------------------------------------

@@ -32,6 +32,8 @@ class Metrics:
         self.saved_prompts = Gauge("specdeck_prompt_cache_host_prompts", "Prompt caches of taken slots in host memory",
                                    registry=r)
         self.vram_planned = Gauge("specdeck_vram_planned_bytes", "GPU memory the plan sized the server for", registry=r)
+        self.fallback = Gauge("specdeck_fallback_active",
+                              "1 while a fallback serves in place of a start that failed (see /v1/status)", registry=r)
         self.alert = Gauge("specdeck_alert", "1 while the named alert is raised", ["name"], registry=r)
         gpu = ["gpu"]
         self.gpu_temperature = Gauge("specdeck_gpu_temperature_celsius", "GPU temperature", gpu, registry=r)
