@@ -14,9 +14,11 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 from conftest import REAL_CACHE, ROOT, run_cli
 from openai import OpenAI
@@ -236,3 +238,55 @@ def test_systemd_unit_verifies_and_install_service_dry_run(tmp_path):
     assert "systemd-analyze verify: ok" in r.stdout
     assert "would run: systemctl enable --now specdeck.service" in r.stdout
     assert "specdeck pull coder-1.5b" in r.stdout and "runuser -u specdeck" in r.stdout
+
+
+@pytest.mark.real
+def test_up_sigterm_while_loading_is_a_stop_and_under_a_stream_ends_it_with_a_reason(real_pair, tmp_path):
+    """`up` stopped as a service would be: SIGTERM while the models load exits 0 ("stopped during:
+    load models", the revision not failed); SIGTERM while an answer streams ends the stream with
+    finish "abort" and [DONE], and exits 0."""
+    base = [*SPECDECK, "up", "--target", str(real_pair.target), "--draft", str(real_pair.draft), "--ctx", "2048",
+            "--log-interval", "60"]
+    p = subprocess.Popen([*base, "--port", str(free_port())], cwd=ROOT, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, env={**os.environ, "SPECDECK_SHUTDOWN_GRACE": "0"})
+    err: list[str] = []
+    reader = threading.Thread(target=lambda: err.extend(iter(p.stderr.readline, "")), daemon=True)
+    reader.start()
+    try:
+        assert wait_for(lambda: any("load models" in x for x in err), 120, 0.01), "".join(err)
+        p.terminate()
+        assert p.wait(60) == 0, "".join(err)
+    finally:
+        p.kill()
+        reader.join(5)
+    assert "stopped during: load models" in "".join(err) and "Traceback" not in "".join(err), "".join(err)
+    assert [r["status"] for r in json.loads(run_cli("config", "history", "--json").stdout)["revisions"]] == ["new"]
+
+    port = free_port()
+    p = subprocess.Popen([*base, "--port", str(port)], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                         text=True, env={**os.environ, "SPECDECK_SHUTDOWN_GRACE": "0"})
+    err = []
+    reader = threading.Thread(target=lambda: err.extend(iter(p.stderr.readline, "")), daemon=True)
+    reader.start()
+    lines: list[str] = []
+    try:
+        assert wait_for(lambda: any("OpenAI-compatible API on" in x for x in err), 300), "".join(err)  # smoke passed
+
+        def stream() -> None:
+            with httpx.stream("POST", f"http://127.0.0.1:{port}/v1/completions", timeout=120,
+                              json={"prompt": "def fib(n):", "max_tokens": 1500, "stream": True}) as r:
+                lines.extend(r.iter_lines())
+
+        t = threading.Thread(target=stream)
+        t.start()
+        assert wait_for(lambda: len(lines) >= 10, 120, 0.02)
+        p.terminate()
+        p.wait(60)
+        t.join(30)
+    finally:
+        p.kill()
+        reader.join(5)
+    err_text = "".join(err)
+    assert p.returncode == 0 and "stopped cleanly" in err_text and "Traceback" not in err_text, err_text
+    data = [json.loads(x[6:]) for x in lines if x.startswith("data: {")]
+    assert [x for x in lines if x][-1] == "data: [DONE]" and data[-1]["choices"][0]["finish_reason"] == "abort"
