@@ -35,7 +35,8 @@ def test_wheel_holds_every_module_and_the_bundled_catalogue(wheel):
     names = set(zipfile.ZipFile(wheel).namelist())
     modules = {str(p.relative_to(ROOT)) for p in (ROOT / "app").rglob("*.py") if "__pycache__" not in p.parts}
     assert modules and modules <= names, sorted(modules - names)
-    assert "app/models/models.toml" in names
+    assert "app/models/models.toml" in names  # the top-level models.toml, carried as package data
+    assert zipfile.ZipFile(wheel).read("app/models/models.toml") == (ROOT / "models.toml").read_bytes()
     assert {"app/engine/engine.py", "app/server/app.py", "app/build/ladder.py"} <= names
 
 
