@@ -351,3 +351,29 @@ def test_under_systemd_the_fallback_is_on_the_status_line(tiny, tmp_path):
     finally:
         assert s.stop() == 0, s.output
         listener.close()
+
+
+def test_fingerprint_and_ollama_digest_follow_the_model_file(tiny, tmp_path):
+    """system_fingerprint changes when the model file changes; Ollama's /api/tags and /api/show give
+    the file's SHA-256."""
+    import hashlib
+    import shutil
+
+    model = tmp_path / "model.gguf"
+    seen = []
+    for source in (tiny.target, tiny.draft):  # the same path, other bytes
+        shutil.copy(source, model)
+        port = free_port()
+        s = Serve("--target", str(model), "--ctx", "512", "--port", str(port), "--no-speculative")
+        try:
+            assert s.wait_line("models loaded"), s.output
+            url = f"http://127.0.0.1:{port}"
+            fp = httpx.post(url + "/v1/completions", json={"prompt": "a", "max_tokens": 1}).json()["system_fingerprint"]
+            tags = httpx.get(url + "/api/tags").json()["models"][0]["digest"]
+            show = httpx.post(url + "/api/show", json={"model": "custom"}).json()["digest"]
+        finally:
+            assert s.stop() == 0, s.output
+        sha = hashlib.sha256(model.read_bytes()).hexdigest()
+        assert tags == show == sha, (tags, show, sha)
+        seen.append(fp)
+    assert seen[0] != seen[1] and all(f.startswith("fp_") for f in seen)

@@ -24,6 +24,7 @@ from app.engine.records import RequestRecord, StepRecord
 from app.engine.sampling import SamplingParams
 from app.engine.text import Tokenizer
 from app.plan.hardware import read_gpus
+from app.plan.planner import Plan
 from app.server.audit import current_usage
 from app.server.errors import ApiError
 from app.server.metrics import Metrics
@@ -138,7 +139,7 @@ def engine_request(body: Sampling, ids: list[int], service: Service, settings: S
         raise ApiError(400, str(e), param="logprobs") from None
     spec = body.speculative
     enabled = service.speculative_default and (spec.enabled if spec else True)
-    limit = int(service.plan.get("draft_max", 0))  # the plan is the one place draft_max is fixed
+    limit = service.plan.draft_max  # the plan is the one place draft_max is fixed
     n_max = spec.n_max if spec and spec.n_max is not None else limit
     key = request_partition()
     return EngineRequest(
@@ -303,8 +304,8 @@ def refresh_gauges(service: Service, metrics: Metrics) -> list:
     saved = service.scheduler.engine.saved
     metrics.saved_bytes.set(saved.nbytes)
     metrics.saved_prompts.set(len(saved))
-    if service.plan.get("device") == "cuda":
-        metrics.vram_planned.set(service.plan.get("used") or 0)
+    if service.plan.device == "cuda":
+        metrics.vram_planned.set(service.plan.used)
     gpus = read_gpus()
     if gpus:
         metrics.vram_used.set(gpus[0].total - gpus[0].free)
@@ -341,7 +342,7 @@ def status_json(service: Service, metrics: Metrics) -> dict:
                       "generated": s.generated if job else 0, **service.stats.slot(s.id)})
     vm = psutil.virtual_memory()
     return {
-        "models": service.models, "plan": service.plan, "slots": slots,
+        "models": service.models, "plan": service.plan.to_json(), "slots": slots,
         "queue": service.scheduler.queue_depth(), "busy_slots": service.scheduler.busy_slots(),
         "speculative_default": service.speculative_default,
         "draft_max": eng.draft_limit,
@@ -371,7 +372,7 @@ class Service:
     scheduler: Scheduler | None = None
     tokenizer: Tokenizer | None = None
     n_ctx: int = 0
-    plan: dict = field(default_factory=dict)
+    plan: Plan | None = None  # the memory plan being served (typed: read as fields, never by key)
     models: dict = field(default_factory=dict)
     ready: bool = False
     speculative_default: bool = True
@@ -386,9 +387,9 @@ class Service:
 
     @property
     def fingerprint(self) -> str:
-        """OpenAI's system_fingerprint: changes when the build or the models do."""
+        """OpenAI's system_fingerprint: changes when the build or the model files do (their SHA-256)."""
         import hashlib
 
-        seed = json.dumps([__version__, self.model_id, self.plan.get("target_sha256"), self.plan.get("draft_sha256")])
+        seed = json.dumps([__version__, self.model_id, self.digests.get("target"), self.digests.get("draft")])
         return "fp_" + hashlib.sha256(seed.encode()).hexdigest()[:12]
 

@@ -286,7 +286,7 @@ def _generation_settings(body: NativeSampling | None, service: Service) -> dict:
             "frequency_penalty": b.frequency_penalty, "seed": b.seed if b.seed is not None else -1,
             "stop": b.stops(), "n_probs": b.n_probs, "ignore_eos": b.ignore_eos, "stream": b.stream,
             "grammar": b.grammar or "", "speculative": service.speculative_default,
-            "speculative.n_max": int(service.plan.get("draft_max", 0))}
+            "speculative.n_max": service.plan.draft_max}
 
 
 def _props(service: Service, settings: ServeSettings) -> dict:

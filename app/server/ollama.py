@@ -121,8 +121,8 @@ def add_ollama_routes(app: FastAPI, settings: ServeSettings, service: Service, m
         if not service.ready:
             return {"models": []}
         plan = service.plan
-        total = int(plan.get("used", 0)) + int(plan.get("host_used", 0))
-        vram = int(plan.get("used", 0)) if plan.get("device") not in (None, "cpu") else 0
+        total = plan.used + plan.host_used
+        vram = plan.used if plan.device != "cpu" else 0
         return {"models": [{**_model_entry(service), "size": total, "size_vram": vram, "context_length": service.n_ctx,
                             "expires_at": "2318-01-01T00:00:00Z"}]}  # never unloaded while serving
 
@@ -142,7 +142,7 @@ def add_ollama_routes(app: FastAPI, settings: ServeSettings, service: Service, m
                                f"{arch}.context_length": d.get("context_length"),
                                f"{arch}.block_count": d.get("n_layers"), f"{arch}.embedding_length": d.get("n_embd"),
                                f"{arch}.attention.head_count": d.get("n_head")},
-                "modified_at": _iso(d.get("mtime", 0.0))}
+                "modified_at": _iso(d.get("mtime", 0.0)), "digest": service.digests.get("target") or ""}
 
     @app.post("/api/generate")
     async def generate(body: GenerateRequest, request: Request):
@@ -257,7 +257,7 @@ def _details(service: Service) -> dict:
 def _model_entry(service: Service) -> dict:
     d = service.details
     return {"name": service.model_id, "model": service.model_id, "modified_at": _iso(d.get("mtime", 0.0)),
-            "size": d.get("size", 0), "digest": service.plan.get("target_sha256", "") if service.plan else "",
+            "size": d.get("size", 0), "digest": service.digests.get("target") or "",
             "details": _details(service)}
 
 

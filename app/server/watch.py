@@ -22,7 +22,7 @@ def observation(service, metrics: Metrics, gpus: tuple[Gpu, ...], baseline_accep
     total, failed, rejected = metrics.status_counts()
     reg = metrics.registry
     gpu = gpus[0] if gpus else None
-    planned = service.plan.get("used") if service.plan.get("device") == "cuda" else None
+    planned = service.plan.used if service.plan.device == "cuda" else None
     return Observation(
         t=now,
         drafted=int(reg.get_sample_value("specdeck_draft_tokens_total") or 0),
