@@ -26,8 +26,8 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from support.tinymodels import write_tiny_model  # noqa: E402
 
-from app.engine.controller import Controller, CostModel  # noqa: E402
-from app.engine.drafters.adaptive import AdaptiveDrafter  # noqa: E402
+from app.engine.controller import CostModel  # noqa: E402
+from app.engine.drafters.adaptive import AdaptiveDrafter, adaptive_controller  # noqa: E402
 from app.engine.drafters.lookup import LookupDrafter  # noqa: E402
 from app.engine.drafters.model import ModelDrafter  # noqa: E402
 from app.engine.drafters.suffix import SuffixDrafter, SuffixIndex  # noqa: E402
@@ -146,8 +146,8 @@ def main() -> int:
         index = SuffixIndex(max_tokens=2 * args.indexed + 2 * args.context)
         fill(index, rng, args.indexed)
         drafters = {"draft model": ModelDrafter(dc),
-                    "adaptive": AdaptiveDrafter(Controller(costs, learn_costs=False), LookupDrafter(), ModelDrafter(dc)),
-                    "adaptive+suffix": AdaptiveDrafter(Controller(costs, learn_costs=False), LookupDrafter(),
+                    "adaptive": AdaptiveDrafter(adaptive_controller(costs, learn_costs=False), LookupDrafter(), ModelDrafter(dc)),
+                    "adaptive+suffix": AdaptiveDrafter(adaptive_controller(costs, learn_costs=False), LookupDrafter(),
                                                        ModelDrafter(dc), SuffixDrafter(index))}
         print(f"\n{'drafter':<16} {'context':>8} {'Python ms/step':>15}   (adaptive+suffix: {index.tokens:,} "
               f"tokens of other requests indexed)")

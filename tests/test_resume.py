@@ -3,8 +3,8 @@
 from hypothesis import given
 from hypothesis import strategies as st
 
-from app.engine.controller import Controller, CostModel
-from app.engine.drafters.adaptive import AdaptiveDrafter
+from app.engine.controller import CostModel
+from app.engine.drafters.adaptive import AdaptiveDrafter, adaptive_controller
 from app.engine.drafters.lookup import LookupDrafter, lookup_key
 from app.engine.drafters.resume import WINDOW, Resume
 
@@ -65,7 +65,7 @@ def test_the_adaptive_drafter_picks_the_copy_up_after_a_renamed_token():
     """An edit copies the prompt's code with one token renamed: after lookup's draft misses at the
     rename, the next draft is the code after it, without waiting for an n-gram to match again."""
     costs = CostModel(verify={1: 0.025, 2: 0.0255, 5: 0.027, 9: 0.030, 17: 0.036})  # GPU-like: drafts are cheap
-    c = Controller(costs, learn_costs=False)
+    c = adaptive_controller(costs, learn_costs=False)
     drafter = AdaptiveDrafter(c, LookupDrafter(), None)
     drafter.begin_request(0)
     code = list(range(100, 140))

@@ -14,7 +14,7 @@ from app.engine.controller import (
     CostModel,
     expected_tokens,
 )
-from app.engine.drafters.adaptive import AdaptiveDrafter
+from app.engine.drafters.adaptive import AdaptiveDrafter, adaptive_controller
 from app.engine.drafters.lookup import LookupDrafter, lookup_key
 from app.engine.engine import Engine, Request, SpecParams
 from app.llama.context import Context, Model
@@ -94,8 +94,7 @@ def test_a_longer_draft_that_costs_no_more_than_the_trusted_one_is_allowed():
 
 
 def test_a_long_verbatim_match_is_tried_before_any_trial_a_short_one_is_not():
-    c = Controller(CostModel(verify={1: 0.040, 2: 0.072, 3: 0.098, 4: 0.128, 5: 0.152}))  # measured on a 2-core x86 machine (commit 7516c03)
-    AdaptiveDrafter(c, LookupDrafter(), None)  # registers the lookup priors
+    c = adaptive_controller(CostModel(verify={1: 0.040, 2: 0.072, 3: 0.098, 4: 0.128, 5: 0.152}))  # measured on a 2-core x86 machine (commit 7516c03)
     assert 2 <= c.choose("lookup-16", 16, 2e-5, seq=0).k <= UNPROVEN_K_MAX  # a copy in progress
     assert c.choose("lookup-6", 16, 2e-5, seq=0).k == 0  # six tokens may be chance: a = 0.5
     c.observe("lookup-16", 4, 0, seq=0)
@@ -195,7 +194,7 @@ def test_adaptive_drafter_on_a_repeating_text(tiny):
              for t in s.tokens]
     costs = calibrate(tc, dc, 8)  # runs on this machine; the choices below use fixed costs, not timings
     assert costs.verify[1] > 0 and costs.draft > 0 and len(costs.verify) == 9
-    eng = Engine(tc, AdaptiveDrafter(Controller(gpu_like_costs(), learn_costs=False), LookupDrafter(), None), 1)
+    eng = Engine(tc, AdaptiveDrafter(adaptive_controller(gpu_like_costs(), learn_costs=False), LookupDrafter(), None), 1)
     steps = list(eng.generate(Request(prompt=prompt, max_tokens=150, trace=True)))
     assert all(s.tokens == s.target_argmax for s in steps)
     used = {s.drafter for s in steps}
@@ -209,7 +208,7 @@ def test_each_request_starts_with_its_own_estimates_even_after_a_release(tiny):
     releases it after each run) must not carry the last request's acceptance into the next."""
     m = Model(tiny.target)
     tc = Context(m, ModelParams(1024, 512, 512, 1, True, "f16", "f16", True, False, 0, 0), 1)
-    controller = Controller(gpu_like_costs(), learn_costs=False)
+    controller = adaptive_controller(gpu_like_costs(), learn_costs=False)
     drafter = AdaptiveDrafter(controller, LookupDrafter(), None)
     eng = Engine(tc, drafter, 1)
     prompt = [1] + list(range(300, 316))
@@ -291,7 +290,7 @@ def test_the_engine_drafts_for_all_slots_of_a_step_at_once(tiny):
     tc = Context(m, ModelParams(1024, 512, 512, 2, True, "f16", "f16", True, False, 0, 0), 1)
     prompts = [[1] + list(range(300, 316)), [1] + list(range(200, 220))]
     for costs, drafts in ((gpu_like_costs(), True), (CostModel(verify={n: 0.03 * n for n in (1, 2, 4, 8, 16, 40)}), False)):
-        controller = Controller(costs, learn_costs=False)
+        controller = adaptive_controller(costs, learn_costs=False)
         eng = Engine(tc, AdaptiveDrafter(controller, LookupDrafter(), None), 2)
         slots = eng.slots
         for s, p in zip(slots, prompts):
@@ -327,8 +326,7 @@ def test_a_shallow_miss_makes_the_requests_other_shallow_matches_unproven():
     """After a code edit (whose answer copied its prompt, so every lookup match was kept), a short tool
     call whose words the prompt only mentions: one shallow match that misses stops the others in the
     same request; deep matches, other slots and the next request keep the estimates across requests."""
-    c = Controller(cpu_costs())
-    AdaptiveDrafter(c, LookupDrafter(), None)  # registers the groups
+    c = adaptive_controller(cpu_costs())
     for key in ("lookup-3", "lookup-4", "lookup-16"):
         for _ in range(30):
             c.observe(key, 4, 4)  # earlier requests
@@ -373,7 +371,7 @@ def test_where_lookup_and_the_suffix_index_both_match_the_one_expected_to_pay_is
 
     history = list(range(5, 40))
     for missed, kept, want in (("lookup-16", "suffix-8-1", 50), ("suffix-8-1", "lookup-16", 20)):
-        c = Controller(gpu_like_costs())
+        c = adaptive_controller(gpu_like_costs())
         d = AdaptiveDrafter(c, OldCode(), None, NewCode())
         d.begin_request(0)
         for _ in range(3):
@@ -389,7 +387,7 @@ def test_a_proposal_not_drafted_is_scored_against_what_came_next():
     drafted, the token that came instead scores its proposal, at no cost: a copy that resumes is
     drafted again within a few steps."""
     costs = CostModel(verify={1: 0.0373, 2: 0.0672, 4: 0.119, 8: 0.205, 16: 0.230, 32: 0.423, 48: 0.576})
-    c = Controller(costs, learn_costs=False)
+    c = adaptive_controller(costs, learn_costs=False)
     drafter = AdaptiveDrafter(c, LookupDrafter(), None)
     prompt = list(range(100, 160))  # the text the answer copies
     drafter.begin_request(0)
@@ -415,8 +413,7 @@ def test_a_key_new_to_the_request_takes_its_groups_evidence_here():
     """A shallow key other requests found poor (a tool call's chance matches) is still drafted where this
     request's shallow matches have all been kept (a copy resuming, depth 3, 4, 5... each its own key);
     and not where they missed."""
-    c = Controller(cpu_costs())
-    AdaptiveDrafter(c, LookupDrafter(), None)
+    c = adaptive_controller(cpu_costs())
     for _ in range(30):
         c.observe("lookup-5", 4, 0)  # earlier requests: it missed
     c.new_request(0)

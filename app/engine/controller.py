@@ -155,18 +155,19 @@ def expected_tokens(k: int, a: float) -> float:
 
 
 class Controller:
-    def __init__(self, costs: CostModel, probe_every: int = 32, learn_costs: bool = True) -> None:
+    def __init__(self, costs: CostModel, probe_every: int = 32, learn_costs: bool = True,
+                 priors: dict[str, float] | None = None, group: Callable[[str], str | None] | None = None) -> None:
         self.costs = costs
         self.local: dict[tuple[int, str], Acceptance] = {}  # per slot, for the request it serves
         self.trust: dict[int, int] = {}  # per slot: the longest draft its request has earned
         self.learn_costs = learn_costs  # refresh costs from real steps (off: fixed costs, for tests)
         self.acceptance: dict[str, Acceptance] = {}
-        self.priors: dict[str, float] = {}  # acceptance expected of a drafter before any trial (else 0.5)
+        self.priors: dict[str, float] = dict(priors or {})  # acceptance expected of a drafter before any trial (else 0.5)
         self.probe_every = probe_every
         self._idle: dict[str, int] = {}
         # keys whose evidence a request shares (shallow matches: one that misses says this request's
         # text is not what made them good before); key -> group name, or None for a key of its own
-        self.group: Callable[[str], str | None] = lambda key: None
+        self.group: Callable[[str], str | None] = group or (lambda key: None)
         self._limits: dict[tuple[int, int], int] = {}  # (trusted, k_max) -> limit, until the costs change
 
     def observe_verify(self, n: int, seconds: float) -> None:

@@ -31,8 +31,8 @@ from app.engine.accept import (
 from app.engine.drafters.base import Ask, Draft, Drafter
 from app.engine.logprobs import MAX_TOP, token_logprob
 from app.engine.records import RequestRecord, StepRecord
-from app.engine.saved import Saved, SavedPrompts
 from app.engine.sampling import SamplingParams, TokenSampler
+from app.engine.saved import Saved, SavedPrompts
 from app.errors import SpecdeckError
 from app.llama.context import Context, DecodeError
 
@@ -171,17 +171,16 @@ class Engine:
         slot.tokens = list(req.prompt)
         if req.max_tokens == 0:  # only the prompt: its cache stays for the request that follows
             slot.record.t_prompt = slot.record.ttft = time.perf_counter() - t0
-            return StepRecord(slot=slot.id, tokens=[], drafted=0, accepted=0, k=0, drafter="none", t_draft=0.0,
-                              t_verify=slot.record.t_prompt, t_sample=0.0, finish_reason="length")
+            return StepRecord.undrafted(slot.id, [], slot.record.t_prompt, "length")
         first = self._first_token(slot, idx)
         trace = _top2(self.target.logits(idx)) if req.trace else None
         slot.tokens = list(req.prompt) + [first]
         slot.generated = 1
         slot.record.t_prompt = slot.record.ttft = time.perf_counter() - t0
         slot.record.completion.append(first)
-        rec = StepRecord(slot=slot.id, tokens=[first], drafted=0, accepted=0, k=0, drafter="none", t_draft=0.0,
-                         t_verify=slot.record.t_prompt, t_sample=0.0, target_argmax=[trace[0]] if trace else None,
-                         top2_gap=[trace[1]] if trace else None)
+        rec = StepRecord.undrafted(slot.id, [first], slot.record.t_prompt)
+        if trace:
+            rec.target_argmax, rec.top2_gap = [trace[0]], [trace[1]]
         if req.logprobs is not None:
             rec.logprobs = [token_logprob(self.target.logits(idx), first, req.logprobs)]
             slot.record.logprobs += rec.logprobs
@@ -347,8 +346,7 @@ class Engine:
     def _drop_starved(self, slots: Sequence[Slot], ks: dict[int, int]) -> tuple[list[StepRecord], list[Slot]]:
         """Slots the KV pool has no room for end with "context"; the others go on."""
         starved = self._budget(slots, ks)
-        ended = [StepRecord(slot=s.id, tokens=[], drafted=0, accepted=0, k=0, drafter="none", t_draft=0.0,
-                            t_verify=0.0, t_sample=0.0, finish_reason="context") for s in starved]
+        ended = [StepRecord.undrafted(s.id, [], finish_reason="context") for s in starved]
         return ended, [s for s in slots if s not in starved]
 
     def _verify_decode(self, slots: Sequence[Slot], drafts: dict[int, Draft]) -> tuple[dict[int, list[int]], float]:
@@ -389,8 +387,8 @@ class Engine:
                          drafter=(d.source or self.drafter.name) if (self.drafter and d.tokens) else "none",
                          t_draft=t_draft, t_verify=t_verify, t_sample=time.perf_counter() - t,
                          target_argmax=argmax, top2_gap=gaps)
-        if d.choice is not None:
-            rec.alpha_est, rec.expected_gain, rec.reason = d.choice.alpha, d.choice.gain, d.choice.reason
+        if d.why is not None:
+            rec.alpha_est, rec.expected_gain, rec.reason = d.why.alpha, d.why.gain, d.why.reason
         if s.request.logprobs is not None:  # token i was chosen from row i of the verify decode
             rec.logprobs = [token_logprob(self.target.logits(rows[i]), tok, s.request.logprobs)
                             for i, tok in enumerate(acc.tokens)]
@@ -415,19 +413,37 @@ class Engine:
                 {a.seq: d.seconds if d.seconds is not None else each for a, d in zip(asks, out)})
 
     def _accept(self, s: Slot, d: Draft, rows: list[int]) -> tuple[Accepted, list[int] | None, list[float] | None]:
+        """The accept rule's verdict on the draft, and the trace of the kept tokens when asked."""
+        req = s.request
+        assert req is not None
+        argmax, gaps = self._argmax(req, rows)
+        acc = self._rule(s, d, rows, argmax)
+        if not req.trace:
+            return acc, None, None
+        n = len(acc.tokens)
+        return acc, argmax[:n], gaps[:n]
+
+    def _argmax(self, req: Request, rows: list[int]) -> tuple[list[int] | None, list[float] | None]:
+        """The target's argmax at each row where greedy acceptance or a trace needs it, and the top-two
+        gaps where traced (a partial sort of the vocabulary: only when asked)."""
+        if req.trace:
+            pairs = [_top2(self.target.logits(i)) for i in rows]
+            return [p[0] for p in pairs], [p[1] for p in pairs]
+        if req.sampling.plain_argmax:
+            return [int(np.argmax(self.target.logits(i))) for i in rows], None
+        return None, None
+
+    def _rule(self, s: Slot, d: Draft, rows: list[int], argmax: list[int] | None) -> Accepted:
+        """Which drafted tokens the target keeps, by the request's rule (greedy, rejection sampling,
+        sample-and-match); the slot's sampler is told every kept token."""
         req = s.request
         assert req is not None and s.sampler is not None
-        argmax = gaps = None
-        if req.trace:  # the top-two gap costs a partial sort of the vocabulary: only when asked
-            pairs = [_top2(self.target.logits(i)) for i in rows]
-            argmax, gaps = [p[0] for p in pairs], [p[1] for p in pairs]
-        elif req.sampling.plain_argmax:
-            argmax = [int(np.argmax(self.target.logits(i))) for i in rows]
         if req.sampling.plain_argmax:
             acc = accept_greedy(d.tokens, argmax)
             for tok in acc.tokens:
                 s.sampler.accept(tok)
-        elif req.speculative.mode == "rejection" and d.q is not None and d.tokens:
+            return acc
+        if req.speculative.mode == "rejection" and d.q is not None and d.tokens:
             fed = 0  # drafts already given to the sampler: p(i) must see the kept prefix (grammar, penalties)
 
             def p(i: int) -> np.ndarray:
@@ -440,12 +456,8 @@ class Engine:
             acc = accept_by_rejection(d.tokens, d.q, p, s.rng)
             for tok in acc.tokens[fed:]:
                 s.sampler.accept(tok)
-        else:
-            acc = accept_by_match(d.tokens, lambda i: s.sampler.sample(self.target.ptr, rows[i]))
-        n = len(acc.tokens)
-        if not req.trace:
-            return acc, None, None
-        return acc, argmax[:n], gaps[:n]
+            return acc
+        return accept_by_match(d.tokens, lambda i: s.sampler.sample(self.target.ptr, rows[i]))
 
     def _emit(self, s: Slot, rec: StepRecord) -> None:
         """Append the step's tokens to the slot, cut at a stop token or at max_tokens."""

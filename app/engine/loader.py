@@ -8,7 +8,7 @@ from pathlib import Path
 
 from app.engine.calibration import calibrate
 from app.engine.controller import Controller
-from app.engine.drafters.adaptive import AdaptiveDrafter
+from app.engine.drafters.adaptive import AdaptiveDrafter, adaptive_controller
 from app.engine.drafters.base import Drafter
 from app.engine.drafters.lookup import LookupDrafter
 from app.engine.drafters.model import ModelDrafter
@@ -69,7 +69,7 @@ def load(plan: Plan, target: ModelInfo, draft: ModelInfo | None, threads: int, a
         controller = None
         if adaptive:
             # verify decodes hold up to every slot's last token and drafts: their costs are measured too
-            controller = Controller(calibrate(tc, dc, min(64, plan.parallel * (plan.draft_max + 1)) - 1,
+            controller = adaptive_controller(calibrate(tc, dc, min(64, plan.parallel * (plan.draft_max + 1)) - 1,
                                               stop=cancel.is_set if cancel is not None else None))
     except BaseException:
         for c in made:

@@ -21,10 +21,16 @@ class StepRecord:
     top2_gap: list[float] | None = None
     finish_reason: str | None = None
     logprobs: list | None = None  # TokenLogprob per emitted token, when the request asks for them
-    # the controller's reasons, when one chose k
+    # the drafter's reasons, when it estimated (the adaptive drafter's controller)
     alpha_est: float | None = None
     expected_gain: float | None = None
     reason: str = ""
+
+    @classmethod
+    def undrafted(cls, slot: int, tokens: list[int], t_verify: float = 0.0, finish_reason: str | None = None) -> StepRecord:
+        """A step with no draft: a request's first token (or none), or a slot ended without a step."""
+        return cls(slot=slot, tokens=tokens, drafted=0, accepted=0, k=0, drafter="none", t_draft=0.0,
+                   t_verify=t_verify, t_sample=0.0, finish_reason=finish_reason)
 
 
 @dataclass

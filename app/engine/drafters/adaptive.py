@@ -8,8 +8,8 @@ from collections.abc import Sequence
 import numpy as np
 
 from app.engine import kv
-from app.engine.controller import Candidate, Choice, Controller
-from app.engine.drafters.base import Ask, Draft, DrafterBase
+from app.engine.controller import Candidate, Choice, Controller, CostModel
+from app.engine.drafters.base import Ask, Draft, DrafterBase, Why
 from app.engine.drafters.lookup import LOOKUP_PRIORS, LookupDrafter, lookup_key
 from app.engine.drafters.model import ModelDrafter
 from app.engine.drafters.resume import Resume, resume_key
@@ -28,13 +28,11 @@ class AdaptiveDrafter(DrafterBase):
 
     def __init__(self, controller: Controller, lookup: LookupDrafter | None, model: ModelDrafter | None,
                  suffix: SuffixDrafter | None = None) -> None:
+        """`controller`: one made by `adaptive_controller` (it knows this drafter's keys and groups)."""
         self.controller = controller
         self.lookup = lookup
         self.model = model
         self.suffix = suffix
-        controller.priors.update(LOOKUP_PRIORS)
-        controller.priors.update(SUFFIX_PRIORS)
-        controller.group = match_group
         # per sequence, the text proposal of its last step that was not drafted: (key, position, tokens)
         self._shadow: dict[int, tuple[str, int, list[int]]] = {}
         # per sequence, its last text draft's whole proposal and where it started: where the target
@@ -142,17 +140,18 @@ class AdaptiveDrafter(DrafterBase):
         source, m = found
         if m.tokens and (choice.k <= 0 or x.key == "draft-model"):  # scored against the next step's history
             self._shadow[a.seq] = (text_key(source, m), len(a.history), m.tokens)
+        why = Why(choice.alpha, choice.gain, choice.reason)
         if choice.k <= 0 or x.key == "none":
-            return Draft([], source="none", choice=choice)
+            return Draft([], source="none", why=why)
         if x.key != "draft-model":
             self._proposed[a.seq] = (len(a.history), m.tokens)
-            return Draft(m.tokens[: choice.k], None, source=source, match_len=m.depth, support=m.count, choice=choice)
+            return Draft(m.tokens[: choice.k], None, source=source, match_len=m.depth, support=m.count, why=why)
         behind = self.model.behind(a.seq, a.history)
         t = time.perf_counter()
         d = self.model.propose(a.seq, a.history, choice.k, a.sampling, a.rng)
         if d.tokens and self.controller.learn_costs:
             self._observe_model(time.perf_counter() - t, len(d.tokens), behind)
-        d.choice = choice
+        d.why = why
         return d
 
     def _observe_model(self, seconds: float, drafted: int, behind: int) -> None:
@@ -189,6 +188,12 @@ class AdaptiveDrafter(DrafterBase):
         self._shadow.pop(seq, None)
         self._proposed.pop(seq, None)
         self.resume.forget(seq)
+
+
+def adaptive_controller(costs: CostModel, learn_costs: bool = True) -> Controller:
+    """The controller an AdaptiveDrafter decides with: the text drafters' prior acceptance per match
+    depth, and the match groups that share evidence within a request."""
+    return Controller(costs, learn_costs=learn_costs, priors={**LOOKUP_PRIORS, **SUFFIX_PRIORS}, group=match_group)
 
 
 TEXT_SOURCES = ("lookup", "suffix", "resume")  # drafters that copy text (the controller learns them per match)

@@ -9,8 +9,17 @@ from typing import Protocol
 
 import numpy as np
 
-from app.engine.controller import Choice
 from app.engine.sampling import SamplingParams
+
+
+@dataclass
+class Why:
+    """Why a drafter drafted as many tokens as it did, for the step record: the acceptance it
+    expected, the speed it expected relative to plain decoding, in words."""
+
+    alpha: float | None = None
+    gain: float | None = None
+    reason: str = ""
 
 
 @dataclass
@@ -20,7 +29,7 @@ class Draft:
     source: str = ""  # which drafter proposed them
     match_len: int = 0  # prompt lookup: the n-gram length that matched; suffix: the match depth
     support: int = 0  # suffix: the earlier occurrences behind the first token
-    choice: Choice | None = None  # the controller's decision, when one decided
+    why: Why | None = None  # the drafter's estimate behind the length, where it made one
     seconds: float | None = None  # the time proposing it took, when it was proposed alone
 
 

@@ -26,9 +26,3 @@ class ListDrafter(DrafterBase):
                 toks = list(c[len(history) : len(history) + k])
                 return Draft(toks, [self.q] * len(toks) if (sampling is not None and self.q is not None) else None)
         return Draft([])
-
-    def accepted(self, seq: int, draft: Draft, n_accepted: int) -> None:
-        pass
-
-    def release(self, seq: int) -> None:
-        pass

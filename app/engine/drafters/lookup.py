@@ -68,9 +68,6 @@ class LookupDrafter(DrafterBase):
         tokens, n = self.lookup(seq, history, k)
         return Draft(tokens, None, source=self.name, match_len=n)
 
-    def accepted(self, seq: int, draft: Draft, n_accepted: int) -> None:
-        pass
-
     def release(self, seq: int) -> None:
         self._index.pop(seq, None)
         self._growth.forget(seq)

@@ -114,9 +114,6 @@ class ModelDrafter(DrafterBase):
         n = kv.truncate(self.ctx, seq, min(self.ctx.pos_max(seq) + 1, len(history)), self.window)
         self.cached[seq] = list(history[:n])
 
-    def accepted(self, seq: int, draft: Draft, n_accepted: int) -> None:
-        pass  # the next propose() brings the cache in step with the new history
-
     def release(self, seq: int) -> None:
         self.cached.pop(seq, None)
         self._growth.forget(seq)
