@@ -42,8 +42,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from app.commands.bench import DRAFT_N_MAX, mode_drafters, prompt_tokens  # noqa: E402
+from app.commands.anchors import DRAFT_N_MAX  # noqa: E402
+from app.commands.benchruns import mode_drafters  # noqa: E402
 from app.commands.common import catalog_from_args, local_path, make_fetcher, make_selection  # noqa: E402
+from app.commands.equivalence import prompt_tokens  # noqa: E402
 from app.commands.workloads import agent_turns, copy_decodes, copy_runs, copy_seconds, replay  # noqa: E402
 from app.engine.calibration import calibrate  # noqa: E402
 from app.engine.controller import Controller, CostModel  # noqa: E402

@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 from serve_bench import start  # noqa: E402
 
-from app.commands.bench import find_llama_server  # noqa: E402
+from app.commands.anchors import find_llama_server  # noqa: E402
 from app.engine import kv  # noqa: E402
 from app.llama.context import Context, Model  # noqa: E402
 from app.llama.params import ModelParams  # noqa: E402

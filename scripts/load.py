@@ -28,7 +28,8 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from app.commands.bench import free_port, wait_ready
+from app.commands.anchors import free_port
+from app.ops.client import wait_until_ready
 
 PROMPTS = [
     "def fibonacci(n: int) -> list[int]:\n    \"\"\"Return the first n Fibonacci numbers.\"\"\"\n",
@@ -46,7 +47,7 @@ def start_server(preset: str, max_queue: int, log: Path) -> tuple[subprocess.Pop
     proc = subprocess.Popen([sys.executable, "-m", "app.cli", "serve", preset, "--port", str(port), "--ctx", "4096",
                              "--parallel", "2", "--max-queue", str(max_queue)], cwd=ROOT, stdout=f, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
-    wait_ready(url, proc, timeout=300)
+    wait_until_ready(url, proc, timeout=300)
     return proc, url
 
 

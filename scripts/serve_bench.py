@@ -49,10 +49,12 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from app.commands.bench import find_llama_server, free_port, paired, wait_ready  # noqa: E402
+from app.commands.anchors import find_llama_server, free_port  # noqa: E402
 from app.commands.equivalence import CODE_EDIT_MODULE  # noqa: E402
+from app.commands.ratios import paired  # noqa: E402
 from app.models.catalog import load_catalog  # noqa: E402
 from app.models.fetch import Fetcher  # noqa: E402
+from app.ops.client import wait_until_ready  # noqa: E402
 from app.settings import hub_settings, paths  # noqa: E402
 
 DRAFTS: dict[str, list[int]] = {}  # url -> [drafted, accepted] over the timed requests (specdeck's timings)
@@ -196,7 +198,7 @@ def start(command) -> tuple[str, subprocess.Popen]:
     proc = subprocess.Popen(command(port), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     try:
-        wait_ready(url, proc)
+        wait_until_ready(url, proc)
     except BaseException:
         proc.terminate()
         raise

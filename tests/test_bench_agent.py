@@ -11,7 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from app.commands.bench import AGENT_MODES, AnchorServers, agent_ratios, run_agent, run_engine, workload_per_decode
+from app.commands.anchors import AnchorServers
+from app.commands.benchruns import AGENT_MODES, run_agent, run_engine
+from app.commands.ratios import agent_ratios, workload_per_decode
 from app.commands.workloads import agent_turns, function_source
 from app.engine.loader import load
 from app.gguf.info import read_model_info
@@ -73,7 +75,7 @@ def test_each_mode_starts_from_an_empty_index_that_the_turns_fill(tiny):
 def test_answers_unlike_plain_decoding_are_named_by_turn_and_mode():
     """A mode whose answer is not plain decoding's in the same repeat is reported; the closing stop
     token does not count (llama-server's answers leave it out)."""
-    from app.commands.bench import answer_digest, answers_unlike_plain
+    from app.commands.benchruns import answer_digest, answers_unlike_plain
 
     stop = {2}
     a, b = answer_digest([5, 6, 7, 2], stop), answer_digest([5, 6, 8], stop)
@@ -90,7 +92,7 @@ def test_answers_unlike_plain_decoding_are_named_by_turn_and_mode():
 
 def test_llama_server_tokens_per_decode_from_its_timings():
     """Each decode yields one token plus the drafts it kept: 96 tokens with 64 drafts accepted took 32 decodes."""
-    from app.commands.bench import counted
+    from app.commands.anchors import counted
 
     assert counted({"predicted_n": 96, "predicted_ms": 8000.0, "draft_n": 80, "draft_n_accepted": 64}) == (96, 8.0, 3.0)
     assert counted({"predicted_n": 10, "predicted_ms": 1000.0}) == (10, 1.0, 1.0)  # plain: no draft fields

@@ -18,15 +18,8 @@ from rich.table import Table
 from app.commands.common import console, out, serve_settings
 from app.errors import SpecdeckError
 from app.ops import baseline
-from app.ops.validate import (
-    CHECKS,
-    Check,
-    Client,
-    Options,
-    figures_of,
-    run_checks,
-    wait_ready,
-)
+from app.ops.client import Client, wait_ready
+from app.ops.validate import CHECKS, Check, Options, figures_of, run_checks
 from app.settings import paths
 
 STYLE = {"ok": "green", "warn": "yellow", "fail": "red", "skip": "dim"}

@@ -11,20 +11,17 @@ command renders the table and the progress bar.
 
 from __future__ import annotations
 
-import json
 import statistics
-import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-import httpx
-
 from app.errors import SpecdeckError
+from app.ops.client import Client, completion, wait_ready
+from app.ops.readings import Sampler
 
-RETRIES_429 = 5
 GAP_TOLERANCE = 1.0  # logits: a top-two gap within this is a near-tie that batch numerics can flip (single vs
 # batched numerics differ by up to ~0.8 here; `specdeck verify` and `validate` share the rule)
 
@@ -74,183 +71,7 @@ class Options:
     ready_timeout: float = 600.0  # seconds to wait for a loading server's /health
 
 
-# -- the HTTP client -----------------------------------------------------------------------------
-
-class Client:
-    """The server's API with the key, counting every unexpected answer as an error (a 429 is retried
-    after its Retry-After, as the SDKs do, and counted apart)."""
-
-    def __init__(self, url: str, api_key: str | None = None, timeout: float = 900.0, headers: dict | None = None,
-                 verify: bool = True) -> None:
-        self.url = url.rstrip("/")
-        headers = {**({"Authorization": f"Bearer {api_key}"} if api_key else {}), **(headers or {})}
-        self.http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout, verify=verify)
-        self.errors: list[str] = []
-        self.refused = 0  # 429s waited out
-        self.lock = threading.Lock()
-
-    def close(self) -> None:
-        self.http.close()
-
-    def _fail(self, what: str) -> None:
-        with self.lock:
-            self.errors.append(what)
-
-    def get(self, path: str, ok: tuple[int, ...] = (200,)) -> dict:
-        try:
-            r = self.http.get(path)
-        except httpx.HTTPError as e:
-            self._fail(f"GET {path}: {e}")
-            raise SpecdeckError(f"cannot reach {self.url}{path}: {e}") from None
-        if r.status_code not in ok:
-            self._fail(f"GET {path}: HTTP {r.status_code}")
-            raise SpecdeckError(f"GET {path} answered HTTP {r.status_code}: {r.text[:200]}")
-        return r.json()
-
-    def _refused(self, r: httpx.Response, attempt: int) -> bool:
-        """A 429 (the queue or the KV pool full) is waited out as the SDKs do: Retry-After, a few times."""
-        if r.status_code != 429 or attempt >= RETRIES_429:
-            return False
-        with self.lock:
-            self.refused += 1
-        time.sleep(float(r.headers.get("retry-after") or 1))
-        return True
-
-    def post(self, path: str, body: dict) -> dict:
-        for attempt in range(RETRIES_429 + 1):
-            try:
-                r = self.http.post(path, json=body)
-            except httpx.HTTPError as e:
-                self._fail(f"POST {path}: {e}")
-                raise SpecdeckError(f"POST {path} failed: {e}") from None
-            if not self._refused(r, attempt):
-                break
-        if r.status_code != 200:
-            self._fail(f"POST {path}: HTTP {r.status_code}")
-            raise SpecdeckError(f"POST {path} answered HTTP {r.status_code}: {r.text[:200]}")
-        r.content.decode("utf-8")  # strict: invalid UTF-8 raises
-        return r.json()
-
-    def stream(self, path: str, body: dict) -> Iterator[tuple[float, dict]]:
-        """(seconds since the request was sent, event) for each server-sent event."""
-        t0 = time.perf_counter()
-        try:
-            for attempt in range(RETRIES_429 + 1):
-                with self.http.stream("POST", path, json={**body, "stream": True}) as r:
-                    if r.status_code != 200:
-                        r.read()
-                        if self._refused(r, attempt):
-                            continue
-                        self._fail(f"POST {path} (stream): HTTP {r.status_code}")
-                        raise SpecdeckError(f"POST {path} (stream) answered HTTP {r.status_code}: {r.text[:200]}")
-                    buffer = b""
-                    for chunk in r.iter_bytes():
-                        buffer += chunk
-                        while b"\n\n" in buffer:
-                            event, buffer = buffer.split(b"\n\n", 1)
-                            for line in event.decode("utf-8").splitlines():  # strict UTF-8
-                                if line.startswith("data: ") and line[6:].strip() != "[DONE]":
-                                    yield time.perf_counter() - t0, json.loads(line[6:])
-                    return
-        except httpx.HTTPError as e:
-            self._fail(f"POST {path} (stream): {e}")
-            raise SpecdeckError(f"POST {path} (stream) failed: {e}") from None
-
-
-def completion(client: Client, prompt: str, n: int, speculative: bool = True, **more) -> dict:
-    """llama-server's /completion, greedy, exactly `n` tokens unless `ignore_eos` is turned off;
-    drafting only from the request's own text (`cross_request` off): validate sends the same
-    prompts again and again, and a draft copied from the last run of the very prompt measured
-    would make every speed figure a copy's."""
-    body = {"prompt": prompt, "n_predict": n, "temperature": 0.0, "ignore_eos": True, "return_tokens": True,
-            "speculative": {"enabled": speculative, "cross_request": False}, **more}
-    return client.post("/completion", body)
-
-
-# -- live readings while the checks run ----------------------------------------------------------
-
-class Sampler:
-    """Reads /v1/status every `period` seconds: peak RSS and VRAM, GPU temperature and power, uptime
-    (a drop means the server restarted)."""
-
-    def __init__(self, client: Client, period: float = 0.5) -> None:
-        self.client, self.period = client, period
-        self.samples: list[dict] = []
-        self.restarts = 0
-        self.lock = threading.Lock()  # one reading at a time, so uptimes arrive in order
-        self._stop = threading.Event()
-        self.thread = threading.Thread(target=self._run, name="validate-sampler", daemon=True)
-
-    def read(self) -> None:
-        """One reading now (the thread takes one every `period` seconds)."""
-        with self.lock:
-            self._read_locked()
-
-    def _read_locked(self) -> None:
-        try:
-            r = self.client.http.get("/v1/status", timeout=10)
-            s = r.json() if r.status_code == 200 else None
-        except (httpx.HTTPError, ValueError):
-            s = None
-        if s is None:
-            return
-        gpu = (s.get("gpu") or [None])[0] or {}
-        sample = {"t": time.monotonic(), "rss": s.get("host", {}).get("rss"), "uptime": s.get("uptime_s"),
-                  "vram": gpu["total"] - gpu["free"] if gpu.get("total") else None,
-                  "temperature": gpu.get("temperature_c"), "power": gpu.get("power_w"),
-                  "power_limit": gpu.get("power_limit_w"), "slowdown": gpu.get("temperature_slowdown_c")}
-        if self.samples and sample["uptime"] is not None and self.samples[-1]["uptime"] is not None \
-                and sample["uptime"] < self.samples[-1]["uptime"]:
-            self.restarts += 1
-        self.samples.append(sample)
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self.read()
-            self._stop.wait(self.period)
-
-    def start(self) -> Sampler:
-        self.thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        self.thread.join(15)
-        self.read()
-
-    def peak(self, key: str, since: float = 0.0) -> float | None:
-        values = [s[key] for s in self.samples if s["t"] >= since and s.get(key) is not None]
-        return max(values) if values else None
-
-    def rss_trend(self, since: float) -> float | None:
-        """Resident memory's slope, MiB per minute (least squares) since `since`."""
-        pts = [(s["t"], s["rss"]) for s in self.samples if s["t"] >= since and s.get("rss")]
-        if len(pts) < 3:
-            return None
-        slope = statistics.linear_regression([t for t, _ in pts], [r for _, r in pts]).slope
-        return slope * 60 / 2**20
-
-
 # -- the checks ----------------------------------------------------------------------------------
-
-def wait_ready(client: Client, timeout: float, unreachable: float = 5.0) -> float:
-    """Seconds until /health answers 200: a server still loading (503) is waited for up to `timeout`,
-    one that does not answer at all for `unreachable` seconds (specdeck binds before it loads)."""
-    t0 = time.monotonic()
-    while True:
-        try:
-            r = client.http.get("/health", timeout=10)
-            if r.status_code == 200:
-                return time.monotonic() - t0
-            if r.status_code != 503:
-                raise SpecdeckError(f"GET /health answered HTTP {r.status_code}: {r.text[:200]}")
-        except httpx.HTTPError as e:
-            if time.monotonic() - t0 > unreachable:
-                raise SpecdeckError(f"cannot reach {client.url}: {e}") from None
-        if time.monotonic() - t0 > timeout:
-            raise SpecdeckError(f"{client.url} is still loading after {timeout:.0f} s")
-        time.sleep(0.5)
-
 
 def check_health(client: Client, opts: Options, facts: dict) -> Check:
     waited = wait_ready(client, opts.ready_timeout)
@@ -565,24 +386,3 @@ def figures_of(checks: list[Check]) -> dict:
     return out
 
 
-SMOKE_PROMPT = [0, 1, 2]  # ids every vocabulary has
-
-
-def smoke_request(url: str, api_key: str | None, headers: dict | None = None, timeout: float = 300.0) -> str:
-    """The start-up smoke: /health answers 200 and a short completion comes back (the text itself is
-    judged by `validate`'s smoke check: a random-weight test model writes arbitrary bytes).
-    Returns a short result; raises SpecdeckError saying what failed."""
-    client = Client(url, api_key, timeout, headers, verify=False)  # the server itself, on loopback: its own certificate
-    try:
-        client.get("/health")
-        # token ids, not text: any vocabulary can take them (a text may tokenize to nothing), and the
-        # end of text is ignored so that a model that would stop at once still shows it generates
-        r = client.post("/v1/completions", {"prompt": SMOKE_PROMPT, "max_tokens": 8, "temperature": 0.0,
-                                            "ignore_eos": True})
-        text = (r.get("choices") or [{}])[0].get("text")
-        n = (r.get("usage") or {}).get("completion_tokens", 0)
-        if text is None or n < 1:
-            raise SpecdeckError("the smoke request generated nothing")
-        return f"{n} tokens"
-    finally:
-        client.close()

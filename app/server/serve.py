@@ -19,7 +19,7 @@ from app.engine.loader import Loaded, load
 from app.errors import SpecdeckError
 from app.gguf.info import ModelInfo
 from app.ops.alerts import AlertSettings
-from app.ops.validate import smoke_request
+from app.ops.smoke import smoke_request
 from app.plan.planner import Plan
 from app.server import sdnotify
 from app.server.app import Service, create_app
@@ -33,7 +33,7 @@ log = logging.getLogger("specdeck.server")
 
 def build_service(plan: Plan, target: ModelInfo, draft: ModelInfo | None, model_id: str) -> Service:
     return Service(model_id=model_id, n_ctx=plan.ctx, speculative_default=True,
-                   plan=plan.to_json(), models={"target": str(target.path), "draft": str(draft.path) if draft else None},
+                   plan=plan, models={"target": str(target.path), "draft": str(draft.path) if draft else None},
                    details=model_details(target))
 
 
