@@ -73,6 +73,17 @@ def model_info(fetcher: Fetcher, ref: ModelRef) -> ModelInfo:
     return info
 
 
+def config_path(args: argparse.Namespace) -> Path:
+    """The config file: `--config FILE`, else ~/.config/specdeck/config.toml (which may not exist)."""
+    given_ = getattr(args, "config", None)
+    return Path(given_) if given_ else paths().config_dir / "config.toml"
+
+
+def threads(args: argparse.Namespace, hw) -> int:
+    """CPU threads: `--threads`, else the machine's physical cores."""
+    return getattr(args, "threads", None) or hw.cpu_count
+
+
 def serve_settings(args: argparse.Namespace, key_file: str | None = None, check: bool = True,
                    use_config: bool = True) -> ServeSettings:
     """Server settings: config file, then SPECDECK_* variables, then the flags given (serve, up, run,
@@ -80,7 +91,7 @@ def serve_settings(args: argparse.Namespace, key_file: str | None = None, check:
     exposure or a bad key file as a check instead of refusing."""
     from app.server.settings import load_settings
 
-    config = Path(args.config) if args.config else paths().config_dir / "config.toml"
+    config = config_path(args)
     overrides = given(args, ServeSettings)
     if key_file:
         overrides["api_key_file"] = Path(key_file)
@@ -95,7 +106,7 @@ def alert_settings(args: argparse.Namespace):
     from app.ops.alerts import AlertSettings
     from app.server.settings import load_settings
 
-    config = Path(args.config) if getattr(args, "config", None) else paths().config_dir / "config.toml"
+    config = config_path(args)
     return load_settings(config if config.exists() else None, given(args, AlertSettings, "alert"), AlertSettings, "alerts")
 
 

@@ -26,6 +26,7 @@ from app.build.isa import CpuIsa, build_sets, unsupported
 from app.build.smoke import SmokeResult
 from app.commands.common import (
     catalog_from_args,
+    config_path,
     make_fetcher,
     make_selection,
     out,
@@ -38,7 +39,6 @@ from app.models.fetch import Fetcher
 from app.plan.hardware import Driver, Gpu, Hardware, detect
 from app.plan.planner import Plan
 from app.server.settings import ServeSettings
-from app.settings import paths
 
 Status = Literal["ok", "warn", "fail"]
 MARKS = {"ok": "✓", "warn": "!", "fail": "✗"}
@@ -403,7 +403,7 @@ def run_all(subject: Subject, hw: Hardware) -> list[Check]:
 def doctor_subject(args: argparse.Namespace, settings: ServeSettings, fetcher: Fetcher, key_file: str | None) -> Subject:
     """What the checks look at, from a command's flags and settings (doctor's and up's)."""
     catalog = catalog_from_args(args)
-    config = Path(args.config) if args.config else paths().config_dir / "config.toml"
+    config = config_path(args)
     return Subject(make_selection(args, catalog), fetcher, settings.host, settings.port, bool(settings.api_key or settings.api_key_file),
                    Path(key_file) if key_file else None, config, bool(args.config), plan_request(args))
 

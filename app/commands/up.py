@@ -27,6 +27,7 @@ from app.commands.common import (
     console,
     out,
     serve_settings,
+    threads,
 )
 from app.commands.dashboard import build_snapshot, loading_snapshot, watch
 from app.engine.embed import Embedder
@@ -227,7 +228,7 @@ class StopSignals:
 def up(args: argparse.Namespace, settings: ServeSettings, console: Console, out: Console,
        key_file: str | None = None, start=None) -> int:
     from app.commands.serve import machine_facts
-    from app.ops.validate import smoke_request
+    from app.ops.smoke import smoke_request
     from app.server.app import create_app
     from app.server.core import status_json
     from app.server.serve import (
@@ -257,9 +258,9 @@ def up(args: argparse.Namespace, settings: ServeSettings, console: Console, out:
         with signals.installed():
             prep = prepare(args, settings, steps, key_file)
             start.plan = prep.plan.to_json()
-            threads = args.threads or prep.hw.cpu_count
+            n_threads = threads(args, prep.hw)
             with signals.deferred():
-                loaded = load_and_warm(prep, threads, settings, steps)
+                loaded = load_and_warm(prep, n_threads, settings, steps)
             steps.check_stop()
             url = f"{settings.scheme}://{settings.host}:{settings.port}"
             with steps.step("serve") as r:
@@ -267,7 +268,7 @@ def up(args: argparse.Namespace, settings: ServeSettings, console: Console, out:
                 app = create_app(settings, service)
                 reload_keys_on_hangup(app.state.keys)
                 if prep.embedder is not None and prep.plan.embedding is not None:
-                    service.embedder = Embedder(prep.embedder, prep.plan.embedding, threads)
+                    service.embedder = Embedder(prep.embedder, prep.plan.embedding, n_threads)
                 service.revision, service.digests, service.fallback = start.revision, start.digests, start.fallback
                 service.machine = machine_facts(prep.hw)
                 attach(service, loaded, settings, app.state.count)
@@ -407,7 +408,7 @@ def chat(loaded: Loaded, plan: Plan, speculative: bool, out: Console, max_tokens
 def run(args: argparse.Namespace, settings: ServeSettings, console: Console, out: Console) -> int:
     steps = Steps(console, STEPS[:-1])
     prep = prepare(args, settings, steps)
-    loaded = load_and_warm(prep, args.threads or prep.hw.cpu_count, settings, steps)
+    loaded = load_and_warm(prep, threads(args, prep.hw), settings, steps)
     try:
         return chat(loaded, prep.plan, settings.speculative, out, args.max_tokens)
     except KeyboardInterrupt:
