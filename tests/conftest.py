@@ -104,16 +104,24 @@ def gemma_270m() -> Path:
     return real_fetcher().ensure(load_catalog().model("gemma3-270m-q4_k_m")).path
 
 
-def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    """Run the real `specdeck` entry point in a subprocess, as a user would."""
-    return subprocess.run(
-        [sys.executable, "-m", "app.cli", *args],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        env={**os.environ, **(env or {})},
-        timeout=600,
-    )
+def run_cli(*args: str, env: dict[str, str] | None = None, stall: float = 300.0) -> subprocess.CompletedProcess[str]:
+    """Run the real `specdeck` entry point in a subprocess, as a user would. It may take as long as it
+    keeps working (a slow or shared machine is no defect); it is killed only once it has used no CPU
+    for `stall` seconds (support.live.Progress)."""
+    import tempfile
+
+    from support.live import wait_exit
+
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        p = subprocess.Popen([sys.executable, "-m", "app.cli", *args], stdout=out, stderr=err, text=True, cwd=ROOT,
+                             env={**os.environ, **(env or {})})
+        try:
+            code = wait_exit(p, stall)
+        finally:
+            p.kill()
+        out.seek(0)
+        err.seek(0)
+        return subprocess.CompletedProcess(p.args, code, out.read(), err.read())
 
 
 @pytest.fixture(scope="session")

@@ -22,7 +22,7 @@ from pathlib import Path
 import httpx
 import pytest
 from conftest import ROOT, run_cli
-from support.live import LiveServer, free_port
+from support.live import LiveServer, free_port, wait_exit, wait_working
 from support.tinymodels import write_tiny_model
 
 from app.commands.equivalence import GAP_TOLERANCE, text_divergence, token_divergence
@@ -405,16 +405,14 @@ def _start(tiny, port: int, log: Path, *extra: str, env: dict | None = None) -> 
     proc = subprocess.Popen([sys.executable, "-m", "app.cli", "serve", "--target", str(tiny.target), "--draft",
                              str(tiny.draft), "--port", str(port), "--ctx", "1024", "--parallel", "2", *extra],
                             cwd=ROOT, env={**os.environ, **(env or {})}, stdout=f, stderr=subprocess.STDOUT)
-    deadline = time.time() + 60
-    while time.time() < deadline:
+    def healthy() -> bool:
         try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                return proc
+            return httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200
         except httpx.HTTPError:
-            pass
-        if proc.poll() is not None:
-            raise AssertionError(log.read_text())
-        time.sleep(0.2)
+            return False
+
+    if wait_working(healthy, proc.pid, every=0.2):
+        return proc
     proc.kill()
     raise AssertionError("server did not come up: " + log.read_text())
 
@@ -449,7 +447,7 @@ def test_key_and_bodies_never_logged_and_sigterm_exits_promptly(tiny, tmp_path):
             time.sleep(0.01)
         sent = time.time()
         proc.send_signal(signal.SIGTERM)
-        rc = proc.wait(30)
+        rc = wait_exit(proc)
         took = time.time() - sent
         t.join(30)
     finally:
@@ -474,7 +472,7 @@ def test_log_prompts_does_log_bodies(tiny, tmp_path):
         assert httpx.post(f"http://127.0.0.1:{port}/v1/completions", json={"prompt": marker, "max_tokens": 3}).status_code == 200
     finally:
         proc.send_signal(signal.SIGTERM)
-        proc.wait(30)
+        wait_exit(proc)
     assert marker in log.read_text()
 
 

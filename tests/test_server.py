@@ -14,7 +14,7 @@ import httpx
 import pytest
 from conftest import REAL_CACHE, ROOT
 from openai import OpenAI
-from support.live import LiveServer, free_port
+from support.live import LiveServer, free_port, wait_exit, wait_working
 
 from app.server.settings import ServeSettings
 
@@ -209,23 +209,19 @@ def qwen_server(real_pair):
     proc = subprocess.Popen([sys.executable, "-m", "app.cli", "serve", "coder-1.5b", "--port", str(port), "--ctx", "4096",
                              "--parallel", "2"], cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 240
-    loading_seen = False
-    while time.time() < deadline:
+    def healthy() -> bool:
         try:
             with urllib.request.urlopen(url + "/health", timeout=2) as r:
-                if r.status == 200:
-                    break
-        except urllib.error.HTTPError as e:
-            loading_seen = loading_seen or e.code == 503
+                return r.status == 200
         except OSError:
-            pass
-        if proc.poll() is not None:
-            raise RuntimeError(proc.stderr.read())
-        time.sleep(0.3)
+            return False
+
+    if not wait_working(healthy, proc.pid, every=0.3):
+        proc.kill()
+        raise RuntimeError(proc.stderr.read())
     yield url
     proc.terminate()
-    proc.wait(30)
+    wait_exit(proc)
 
 
 def test_qwen_chat_completion_fim_stream_stop(qwen_server):

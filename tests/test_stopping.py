@@ -16,7 +16,6 @@ import pytest
 from conftest import run_cli
 from support.live import Serve, free_port, wait_for
 
-from app.engine import kv
 from app.engine.drafters.model import ModelDrafter
 from app.engine.engine import Engine, Interrupted, Request, SpecParams
 from app.llama.context import Context, LoadCancelled, Model

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from conftest import ROOT, run_cli
-from support.live import free_port
+from support.live import free_port, wait_exit
 
 SHORT = ["--decode-tokens", "16", "--repeats", "1", "--context-margin", "256", "--json"]
 
@@ -34,7 +34,7 @@ class Served:
     def __exit__(self, *exc) -> None:
         self.p.send_signal(signal.SIGTERM)
         try:
-            self.p.wait(60)
+            wait_exit(self.p)
         finally:
             self.p.kill()
 

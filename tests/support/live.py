@@ -44,6 +44,56 @@ def wait_for(what, timeout: float, every: float = 0.25):
     return None
 
 
+class Progress:
+    """Whether a process (with its children) is still working: its CPU time went on advancing within
+    the last `stall` seconds. A wait on a server is bounded by this, not by a fixed time, so a slow or
+    shared machine is waited for and only a stuck process fails."""
+
+    def __init__(self, pid: int, stall: float = 120.0) -> None:
+        import psutil
+
+        self.proc, self.stall = psutil.Process(pid), stall
+        self.cpu, self.since = -1.0, time.monotonic()
+
+    def _cpu(self) -> float:
+        import psutil
+
+        try:
+            procs = [self.proc, *self.proc.children(recursive=True)]
+            return sum(sum(p.cpu_times()[:2]) for p in procs)
+        except psutil.Error:
+            return self.cpu
+
+    def alive(self) -> bool:
+        """False once the process is gone, or has not used the CPU for `stall` seconds."""
+        if not self.proc.is_running() or self.proc.status() == "zombie":
+            return False
+        cpu = self._cpu()
+        if cpu > self.cpu + 0.05:
+            self.cpu, self.since = cpu, time.monotonic()
+        return time.monotonic() - self.since < self.stall
+
+
+def wait_working(what, pid: int, stall: float = 120.0, every: float = 0.25):
+    """`what()` once it is truthy, or None once process `pid` has ended or stalled (see Progress)."""
+    progress = Progress(pid, stall)
+    while True:
+        got = what()
+        if got:
+            return got
+        if not progress.alive():
+            return what() or None
+        time.sleep(every)
+
+
+def wait_exit(proc: subprocess.Popen, stall: float = 120.0) -> int:
+    """The exit code of `proc`, waited for while it keeps working (killed if it stalls)."""
+    if wait_working(lambda: proc.poll() is not None, proc.pid, stall, 0.1) is None:
+        proc.kill()
+        raise AssertionError(f"process {proc.pid} stalled for {stall:.0f} s without exiting")
+    return proc.wait()
+
+
 class LiveServer:
     """A real uvicorn server in a thread, over a real engine."""
 
@@ -91,14 +141,15 @@ class Serve:
     def output(self) -> str:
         return "".join(self.lines)
 
-    def wait_line(self, text: str, timeout: float = 120) -> bool:
-        return bool(wait_for(lambda: text in self.output or self.p.poll() is not None and text in self.output, timeout))
+    def wait_line(self, text: str, stall: float = 120) -> bool:
+        """Whether `text` appears in the output while the server keeps working (see Progress)."""
+        return bool(wait_working(lambda: text in self.output, self.p.pid, stall))
 
     def stop(self) -> int:
         if self.p.poll() is None:
             self.p.send_signal(signal.SIGTERM)
         try:
-            return self.p.wait(30)
+            return wait_exit(self.p)
         finally:
             self.p.kill()
             self.reader.join(5)
