@@ -37,22 +37,19 @@ def _add_selection(p: argparse.ArgumentParser) -> None:
 
 def _add_plan_overrides(p: argparse.ArgumentParser, draft_max: bool = True) -> None:
     """The planner's inputs a user may fix (PlanRequest's fields; shared by plan, serve, up, run)."""
-    add_flags(p, PlanRequest, PlanRequest.FLAGS)
-    p.add_argument("--cache-type", dest="cache_type", help="K and V cache type (f16, q8_0, q4_0, ...)")
+    add_flags(p, PlanRequest)
     if draft_max:
         add_flags(p, PlanRequest, ("draft_max",))
 
 
 def _add_serve_flags(p: argparse.ArgumentParser) -> None:
     """What serve, up and doctor share: ServeSettings' flags, the key file, the config, the planner's inputs."""
-    add_flags(p, ServeSettings, ServeSettings.FLAGS)
-    p.add_argument("--api-key-file", help="file holding the API key (or set SPECDECK_API_KEY)")
+    add_flags(p, ServeSettings)
     p.add_argument("--config", help="TOML config file (default: ~/.config/specdeck/config.toml if present)")
     _add_plan_overrides(p, draft_max=False)  # --draft-max is ServeSettings' (config and SPECDECK_DRAFT_MAX apply)
-    p.add_argument("--threads", type=int, help="CPU threads (default: physical cores)")
     p.add_argument("--embedding-model", help="serve /v1/embeddings and /api/embed from this model (catalogue name, "
                                              "hf:// URI or GGUF path; default: the preset's, if it names one)")
-    add_flags(p, AlertSettings, AlertSettings.FLAGS, prefix="alert")
+    add_flags(p, AlertSettings, prefix="alert")
 
 
 def _add_start_flags(p: argparse.ArgumentParser) -> None:
@@ -96,13 +93,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("plan", help="size context, KV cache types, offload and slots to fit the memory budget")
     _add_selection(p)
-    p.add_argument("--vram", help="the GPU's total memory, e.g. 24GiB (default: free memory read with pynvml)")
-    p.add_argument("--ram", help="host memory budget (default: available memory)")
-    p.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto", help="plan for the GPU or for host RAM")
+    add_flags(p, PlanRequest, ("device", "vram", "ram", "n_ubatch", "reserve", "margin"))
     _add_plan_overrides(p)
-    p.add_argument("--ubatch", type=int, help="physical batch size (n_ubatch)")
-    p.add_argument("--reserve", help="runtime reserve (CUDA context, driver, display), e.g. 768MiB")
-    p.add_argument("--margin", help="safety margin, e.g. 512MiB")
     p.add_argument("--json", action="store_true", help="print the plan as one JSON object")
     p.add_argument("--offline", action="store_true", help="plan only from files on disk (never read a header from the hub)")
     p.set_defaults(func=cmd_plan)
@@ -118,8 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_selection(p)
     p.add_argument("--prompts", metavar="FILE.jsonl", help='lines of {"messages": [...]} or {"prompt": "..."}, optional "kind"')
     p.add_argument("--max-tokens", type=int, default=128, help="tokens per prompt (default 128)")
-    p.add_argument("--draft-max", type=int, default=8, help="most tokens drafted per step (default 8)")
-    p.add_argument("--ctx", type=int, default=4096, help="context length (default 4096)")
+    add_flags(p, PlanRequest, ("draft_max", "ctx"), defaults={"draft_max": 8, "ctx": 4096})
     p.add_argument("--json", action="store_true", help="print the report as one JSON object")
     p.set_defaults(func=cmd_verify)
 
@@ -129,8 +120,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-tokens", type=int, help="tokens per prompt at most (default 200; the agent workload 512, "
                    "where every answer ends as the model ends it, as an agent receives it)")
     p.add_argument("--repeats", type=int, default=2, help="runs of each workload and mode (default 2)")
-    p.add_argument("--ctx", type=int, default=4096, help="context length (default 4096)")
-    p.add_argument("--threads", type=int, help="threads (default: physical cores)")
+    add_flags(p, PlanRequest, ("ctx",), defaults={"ctx": 4096})
+    add_flags(p, ServeSettings, ("threads",))
     p.add_argument("--no-anchors", action="store_true", help="skip llama-server")
     p.add_argument("--workload", choices=("builtin", "agent"), default="builtin",
                    help="the built-in prompts, each alone (default), or the agent workload: coding sessions replayed in order")
@@ -192,9 +183,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_selection(p)
     _add_plan_overrides(p)
     p.add_argument("--config", help="TOML config file (default: ~/.config/specdeck/config.toml if present)")
-    p.add_argument("--threads", type=int, help="CPU threads (default: physical cores)")
     p.add_argument("--max-tokens", type=int, default=1024, help="most tokens per answer (default 1024)")
-    add_flags(p, ServeSettings, ("speculative",))
+    add_flags(p, ServeSettings, ("speculative", "threads"))
     p.add_argument("--offline", action="store_true", help="use only what is on disk (as HF_HUB_OFFLINE=1)")
     p.add_argument("--verify", action="store_true", help="re-hash every model file even if it was verified before")
     p.set_defaults(func=cmd_run)

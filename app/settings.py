@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import types
 import typing
 from collections.abc import Sequence
@@ -94,8 +95,15 @@ def hub_settings() -> HubSettings:
 # -- flags derived from settings models ---------------------------------------------------------
 # A settings model's field is the one source of a setting: its flag, its SPECDECK_* variable (for
 # BaseSettings) and its config-file key all come from the field, with its description as the help.
-# Field(json_schema_extra={"flag": "--cors-origin"}) renames a flag; {"negate": True} on a bool
-# field gives a --no-... flag that sets it False.
+# Every field is a flag of the commands that take the model, but for what its json_schema_extra says:
+#   {"flag": "--cors-origin"}  the flag's name;          {"flag": False}  never a flag (a secret);
+#   {"negate": True}           a bool field's --no-... flag, which sets it False;
+#   {"only": True}             a flag only where a command names the field (plan's budget inputs);
+#   {"size": True}             the flag takes a size as users write it (24GiB, 512MiB).
+
+def _extra(field) -> dict:
+    return field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
+
 
 def _flag_type(annotation) -> type:
     args = [a for a in typing.get_args(annotation) if a is not type(None)]
@@ -114,28 +122,43 @@ def _flag_choices(annotation) -> list[str] | None:
     return [str(a) for a in args] if typing.get_origin(annotation) is typing.Literal else None
 
 
-def add_flags(parser: argparse.ArgumentParser, model: type[BaseModel], names: Sequence[str], prefix: str = "") -> None:
-    """Add `--field-name` flags for these fields of `model` (`--<prefix>-field-name` with a prefix).
-    A flag not given leaves None, so the config file, the environment and the field's default apply
-    (see `given`)."""
-    for name in names:
+def flag_fields(model: type[BaseModel]) -> list[str]:
+    """The fields of `model` every command that takes the model has as flags."""
+    return [name for name, f in model.model_fields.items() if _extra(f).get("flag", True) is not False
+            and not _extra(f).get("only")]
+
+
+def add_flags(parser: argparse.ArgumentParser, model: type[BaseModel], names: Sequence[str] | None = None,
+              prefix: str = "", defaults: dict | None = None) -> None:
+    """Add `--field-name` flags for these fields of `model` (`--<prefix>-field-name` with a prefix;
+    all of `flag_fields(model)` when no names are given). A flag not given leaves None, so the
+    config file, the environment and the field's default apply (see `given`), unless `defaults` gives
+    this command's own default for it."""
+    from app.units import parse_size
+
+    defaults = defaults or {}
+    for name in flag_fields(model) if names is None else names:
         field = model.model_fields[name]
-        extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
+        extra = _extra(field)
         flag = str(extra.get("flag") or "--" + (prefix + "_" + name if prefix else name).replace("_", "-"))
-        kind = _flag_type(field.annotation)
-        default = field.get_default(call_default_factory=False)
+        kind = parse_size if extra.get("size") else _flag_type(field.annotation)
+        default = defaults.get(name, field.get_default(call_default_factory=False))
         unset = default is PydanticUndefined or default in (None, [], False)
         shown = "" if unset or kind is bool else f" (default {default})"
         metavar = flag.lstrip("-").upper().replace("-", "_")
         dest = prefix + "_" + name if prefix else name
-        help_ = str(extra.get("help") or field.description or name) + shown
+        help_ = str(extra.get("help") or field.description or name)
+        if name in defaults:  # this command's own default replaces what the field says of its default
+            help_ = re.sub(r"\s*\(default: [^)]*\)$", "", help_)
+        help_ += shown
+        given_default = defaults.get(name)
         if kind is bool:
             parser.add_argument(flag, dest=dest, action="store_const", const=not extra.get("negate"), default=None, help=help_)
         elif kind is list:
             parser.add_argument(flag, dest=dest, action="append", default=None, metavar=metavar, help=help_ + " (repeatable)")
         else:
             choices = _flag_choices(field.annotation)
-            parser.add_argument(flag, dest=dest, type=kind, default=None, metavar=metavar if choices is None else None,
+            parser.add_argument(flag, dest=dest, type=kind, default=given_default, metavar=metavar if choices is None else None,
                                 choices=choices, help=help_)
 
 

@@ -149,3 +149,45 @@ def test_every_file_over_400_lines_is_explained():
     section = section[: section.index("\n## ", 1)]
     long = [str(p.relative_to(ROOT)) for p in APP.rglob("*.py") if len(p.read_text().splitlines()) > 400]
     assert [f for f in long if f"`{f}`" not in section] == [], long
+
+
+# flags of serve / up / plan / bench / verify that are not settings, and why
+NOT_SETTINGS = {
+    "help": "argparse's own",
+    "name": "the selection: which preset or model is meant (a reference the catalogue resolves)",
+    "target": "the selection", "draft": "the selection", "embedding_model": "the selection",
+    "config": "the file settings are read from, not a setting in it",
+    "fallback": "how this one start behaves if it fails; not part of the configuration a revision records",
+    "json": "the output's format", "offline": "where this run may take models from",
+    "verify": "whether this run re-hashes the model files",
+    "interval": "the dashboard's redraw", "log_interval": "the dashboard's log lines",
+    "prompts": "the workload (bench, verify)", "max_tokens": "the workload's answer length (bench, verify)",
+    "repeats": "the benchmark's repetitions", "no_anchors": "whether bench runs llama-server beside",
+    "workload": "which workload bench runs",
+}
+
+
+def test_every_setting_flag_comes_from_a_typed_field():
+    """Each flag of these commands is a typed settings field's (ServeSettings, PlanRequest,
+    AlertSettings as --alert-*), with that field's description as its help; anything else is named
+    above with why."""
+    import argparse
+    import re
+
+    from app.cli import build_parser
+    from app.ops.alerts import AlertSettings
+    from app.plan.planner import PlanRequest
+    from app.server.settings import ServeSettings
+
+    fields = {**PlanRequest.model_fields, **ServeSettings.model_fields,
+              **{"alert_" + k: f for k, f in AlertSettings.model_fields.items()}}
+    commands = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)).choices
+    for name in ("serve", "up", "plan", "bench", "verify"):
+        for action in commands[name]._actions:
+            if action.dest in NOT_SETTINGS:
+                continue
+            assert action.dest in fields, f"{name} {'/'.join(action.option_strings)}: no settings field, no reason"
+            field = fields[action.dest]
+            said = (field.json_schema_extra or {}).get("help") or field.description or ""
+            said = re.sub(r"\s*\(default: [^)]*\)$", "", said)
+            assert action.help.startswith(said), f"{name} {action.option_strings}: help is not the field's"

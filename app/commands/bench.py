@@ -68,7 +68,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     draft = read_model_info(local_path(fetcher, sel.draft)) if sel.draft else None
     hw = detect()
     plan = make_plan(target, draft, PlanRequest(ctx=args.ctx, ctx_is_user_choice=True, parallel=1, draft_max=16), hw, args.ctx)
-    n_threads = threads(args, hw)
+    n_threads = threads(args.threads, hw)
     log = (lambda *a, **k: console.print(*a, **k)) if args.json else (lambda *a, **k: out.print(*a, **k))
     server = None if args.no_anchors else find_llama_server()
     if server is not None:

@@ -79,23 +79,21 @@ def config_path(args: argparse.Namespace) -> Path:
     return Path(given_) if given_ else paths().config_dir / "config.toml"
 
 
-def threads(args: argparse.Namespace, hw) -> int:
-    """CPU threads: `--threads`, else the machine's physical cores."""
-    return getattr(args, "threads", None) or hw.cpu_count
+def threads(asked: int | None, hw) -> int:
+    """CPU threads: as asked (`--threads`, `threads` in the config, SPECDECK_THREADS), else the
+    machine's physical cores."""
+    return asked or hw.cpu_count
 
 
-def serve_settings(args: argparse.Namespace, key_file: str | None = None, check: bool = True,
-                   use_config: bool = True) -> ServeSettings:
+def serve_settings(args: argparse.Namespace, check: bool = True, use_config: bool = True) -> ServeSettings:
     """Server settings: config file, then SPECDECK_* variables, then the flags given (serve, up, run,
-    doctor; the flags are ServeSettings' own fields). `check=False` (doctor) reports an unsafe
-    exposure or a bad key file as a check instead of refusing."""
+    doctor, validate; the flags are ServeSettings' own fields). `check=False` (doctor) reports an
+    unsafe exposure or a bad key file as a check instead of refusing."""
     from app.server.settings import load_settings
 
     config = config_path(args)
-    overrides = given(args, ServeSettings)
-    if key_file:
-        overrides["api_key_file"] = Path(key_file)
-    settings = load_settings(config if use_config and (args.config or config.exists()) else None, overrides)
+    settings = load_settings(config if use_config and (getattr(args, "config", None) or config.exists()) else None,
+                             given(args, ServeSettings))
     if check:
         settings.check()
     return settings
@@ -114,8 +112,5 @@ def plan_request(args: argparse.Namespace, **more) -> PlanRequest:
     """A PlanRequest from the planner flags given (PlanRequest's own fields; `--cache-type` sets both
     K and V), plus what the command adds."""
     values = {**given(args, PlanRequest), **{k: v for k, v in more.items() if v is not None}}
-    both = vars(args).get("cache_type")
-    for kv in ("cache_type_k", "cache_type_v"):
-        values.setdefault(kv, both)
     return PlanRequest(**values, ctx_is_user_choice=values.get("ctx") is not None)
 

@@ -400,12 +400,12 @@ def run_all(subject: Subject, hw: Hardware) -> list[Check]:
     return sorted(checks, key=lambda c: ORDER.index(c.name) if c.name in ORDER else len(ORDER))
 
 
-def doctor_subject(args: argparse.Namespace, settings: ServeSettings, fetcher: Fetcher, key_file: str | None) -> Subject:
+def doctor_subject(args: argparse.Namespace, settings: ServeSettings, fetcher: Fetcher) -> Subject:
     """What the checks look at, from a command's flags and settings (doctor's and up's)."""
     catalog = catalog_from_args(args)
     config = config_path(args)
     return Subject(make_selection(args, catalog), fetcher, settings.host, settings.port, bool(settings.api_key or settings.api_key_file),
-                   Path(key_file) if key_file else None, config, bool(args.config), plan_request(args))
+                   settings.api_key_file, config, bool(args.config), plan_request(args))
 
 
 # -- the command -------------------------------------------------------------------------------
@@ -413,10 +413,10 @@ def doctor_subject(args: argparse.Namespace, settings: ServeSettings, fetcher: F
 def cmd_doctor(args: argparse.Namespace) -> int:
 
     try:
-        settings = serve_settings(args, args.api_key_file, check=False)
+        settings = serve_settings(args, check=False)
     except SpecdeckError:  # a config file that does not parse has its own check; bad flags still stop here
-        settings = serve_settings(args, args.api_key_file, check=False, use_config=False)
-    subject = doctor_subject(args, settings, make_fetcher(args.offline), args.api_key_file)
+        settings = serve_settings(args, check=False, use_config=False)
+    subject = doctor_subject(args, settings, make_fetcher(args.offline))
     checks = run_all(subject, detect())
     bad = failed(checks)
     if args.json:

@@ -16,7 +16,6 @@ from app.commands.common import (
 from app.plan.hardware import detect
 from app.plan.planner import make_plan
 from app.plan.view import render_plan
-from app.units import parse_size
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -25,15 +24,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     fetcher = make_fetcher(args.offline)
     target = model_info(fetcher, sel.target)
     draft = model_info(fetcher, sel.draft) if sel.draft else None
-    req = plan_request(
-        args,
-        device=args.device,
-        vram=parse_size(args.vram) if args.vram else None,
-        ram=parse_size(args.ram) if args.ram else None,
-        n_ubatch=args.ubatch,
-        reserve=parse_size(args.reserve) if args.reserve else None,
-        margin=parse_size(args.margin) if args.margin else None,
-    )
+    req = plan_request(args)
     plan = make_plan(target, draft, req, detect(), sel.context)
     if args.json:
         out.print_json(json.dumps(plan.to_json()))

@@ -85,7 +85,7 @@ def serve_once(args: argparse.Namespace, settings: ServeSettings, start) -> int:
     console.print(f"serving {r.name} on {settings.scheme}://{settings.host}:{settings.port} (context {r.plan.ctx:,}, "
                   f"{r.plan.parallel} slots, speculation {'on' if settings.speculative and r.draft else 'lookup only' if settings.speculative else 'off'}"
                   + (f", revision {start.revision}" if start.revision else "") + ")")
-    return serve(settings, r.plan, r.target, r.draft, threads(args, r.hw), r.name, r.embedder, start)
+    return serve(settings, r.plan, r.target, r.draft, threads(settings.threads, r.hw), r.name, r.embedder, start)
 
 
 @contextlib.contextmanager
@@ -108,14 +108,14 @@ def local_server(args: argparse.Namespace, settings: ServeSettings):
     http = None
     try:
         with console.status(f"loading {r.name}…") if console.is_terminal else contextlib.nullcontext():
-            loaded = load(r.plan, r.target, r.draft, threads(args, r.hw), adaptive=settings.speculative,
+            loaded = load(r.plan, r.target, r.draft, threads(settings.threads, r.hw), adaptive=settings.speculative,
                           suffix_tokens=settings.suffix_tokens, cache_ram_mib=settings.cache_ram)
         service = build_service(r.plan, r.target, r.draft, r.name)
         service.machine = machine_facts(r.hw)
         service.digests = {role: m.get("sha256") for role, m in model_record(args, settings)[1].items()}
         app = create_app(settings, service)
         if r.embedder is not None and r.plan.embedding is not None:
-            service.embedder = Embedder(r.embedder, r.plan.embedding, threads(args, r.hw))
+            service.embedder = Embedder(r.embedder, r.plan.embedding, threads(settings.threads, r.hw))
         attach(service, loaded, settings, app.state.count)
         http = HttpThread(app, sock)
         http.start()

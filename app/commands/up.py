@@ -91,7 +91,7 @@ class Prepared:
     embedder: ModelInfo | None = None
 
 
-def prepare(args: argparse.Namespace, settings: ServeSettings, steps: Steps, key_file: str | None = None) -> Prepared:
+def prepare(args: argparse.Namespace, settings: ServeSettings, steps: Steps) -> Prepared:
     """Hardware, pull, check, plan: the same functions `pull`, `check` and `plan` run."""
     from app.commands.common import (
         catalog_from_args,
@@ -104,7 +104,7 @@ def prepare(args: argparse.Namespace, settings: ServeSettings, steps: Steps, key
     with steps.step("detect hardware") as r:
         hw = detect()
         gpus = ", ".join(f"{g.name} {g.total / 2**30:.1f} GiB" for g in hw.gpus) or "no NVIDIA GPU"
-        subject = doctor_subject(args, settings, make_fetcher(args.offline, args.verify), key_file)
+        subject = doctor_subject(args, settings, make_fetcher(args.offline, args.verify))
         sel: Selection = subject.selection
         fetcher = subject.fetcher
         checks = machine_checks(subject, hw, port=False)  # the port is already bound: ours
@@ -226,7 +226,7 @@ class StopSignals:
 
 
 def up(args: argparse.Namespace, settings: ServeSettings, console: Console, out: Console,
-       key_file: str | None = None, start=None) -> int:
+       start=None) -> int:
     from app.commands.serve import machine_facts
     from app.ops.smoke import smoke_request
     from app.server.app import create_app
@@ -256,9 +256,9 @@ def up(args: argparse.Namespace, settings: ServeSettings, console: Console, out:
     events = EventLog()
     try:
         with signals.installed():
-            prep = prepare(args, settings, steps, key_file)
+            prep = prepare(args, settings, steps)
             start.plan = prep.plan.to_json()
-            n_threads = threads(args, prep.hw)
+            n_threads = threads(settings.threads, prep.hw)
             with signals.deferred():
                 loaded = load_and_warm(prep, n_threads, settings, steps)
             steps.check_stop()
@@ -408,7 +408,7 @@ def chat(loaded: Loaded, plan: Plan, speculative: bool, out: Console, max_tokens
 def run(args: argparse.Namespace, settings: ServeSettings, console: Console, out: Console) -> int:
     steps = Steps(console, STEPS[:-1])
     prep = prepare(args, settings, steps)
-    loaded = load_and_warm(prep, threads(args, prep.hw), settings, steps)
+    loaded = load_and_warm(prep, threads(settings.threads, prep.hw), settings, steps)
     try:
         return chat(loaded, prep.plan, settings.speculative, out, args.max_tokens)
     except KeyboardInterrupt:
@@ -421,7 +421,7 @@ def run(args: argparse.Namespace, settings: ServeSettings, console: Console, out
 
 def up_once(args: argparse.Namespace, settings: ServeSettings, start) -> int:
     """One start of `up` (raises on a failed start: the caller decides about falling back)."""
-    return up(args, settings, console, out, key_file=args.api_key_file, start=start)
+    return up(args, settings, console, out, start=start)
 
 
 def cmd_run(args: argparse.Namespace) -> int:

@@ -44,7 +44,7 @@ def _server(args: argparse.Namespace):
         return
     from app.commands.serve import local_server
 
-    settings = serve_settings(args, args.api_key_file)
+    settings = serve_settings(args)
     with local_server(args, settings) as url:
         yield url, settings.keyring().any_secret()
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import collections
 import time
-import typing
 from dataclasses import dataclass, field
 
 from pydantic import Field
@@ -30,27 +29,38 @@ NAMES = ("acceptance_low", "vram_high", "error_rate_high", "queue_saturated", "g
          "gpu_power_high", "rss_growth")
 
 
+CONFIG_ONLY = {"flag": False}  # a threshold set in the config file's [alerts] table or SPECDECK_ALERT_*, not a flag
+
+
 class AlertSettings(BaseSettings):
     """Alert thresholds: defaults, then the config file's [alerts] table, then SPECDECK_ALERT_*, then flags."""
 
     model_config = SettingsConfigDict(env_prefix="SPECDECK_ALERT_", extra="forbid")
 
-    window: float = Field(60.0, gt=0, description="seconds over which acceptance and the error rate are taken")
-    interval: float = Field(5.0, gt=0, description="seconds between alert checks in the server")
+    window: float = Field(60.0, gt=0,
+        description="seconds over which acceptance and the error rate are taken", json_schema_extra=CONFIG_ONLY)
+    interval: float = Field(5.0, gt=0,
+        description="seconds between alert checks in the server", json_schema_extra=CONFIG_ONLY)
     acceptance_min: float = Field(0.30, ge=0, le=1, description="alert when acceptance over the window is below this")
-    acceptance_margin: float = Field(0.15, ge=0, le=1, description="... or this far below the saved baseline's")
-    acceptance_min_drafted: int = Field(64, ge=1, description="drafted tokens in the window before acceptance is judged")
+    acceptance_margin: float = Field(0.15, ge=0, le=1,
+        description="... or this far below the saved baseline's", json_schema_extra=CONFIG_ONLY)
+    acceptance_min_drafted: int = Field(64, ge=1,
+        description="drafted tokens in the window before acceptance is judged", json_schema_extra=CONFIG_ONLY)
     vram_watermark: float = Field(0.95, gt=0, le=1, description="alert when GPU memory used exceeds this share of the total")
-    vram_plan_margin: float = Field(0.10, ge=0, description="... or exceeds the plan by this share")
+    vram_plan_margin: float = Field(0.10, ge=0,
+        description="... or exceeds the plan by this share", json_schema_extra=CONFIG_ONLY)
     error_rate: float = Field(0.25, gt=0, le=1, description="alert when this share of requests in the window fail")
-    error_min_requests: int = Field(8, ge=1, description="requests in the window before the error rate is judged")
-    queue_saturation: float = Field(1.0, gt=0, le=1, description="alert when the queue holds this share of --max-queue")
-    gpu_temperature_margin: float = Field(5.0, ge=0, description="alert this many degrees C below the card's slowdown temperature")
-    gpu_power: float = Field(0.98, gt=0, le=1.5, description="alert at this share of the card's enforced power limit")
+    error_min_requests: int = Field(8, ge=1,
+        description="requests in the window before the error rate is judged", json_schema_extra=CONFIG_ONLY)
+    queue_saturation: float = Field(1.0, gt=0, le=1,
+        description="alert when the queue holds this share of --max-queue", json_schema_extra=CONFIG_ONLY)
+    gpu_temperature_margin: float = Field(5.0, ge=0,
+        description="alert this many degrees C below the card's slowdown temperature", json_schema_extra=CONFIG_ONLY)
+    gpu_power: float = Field(0.98, gt=0, le=1.5,
+        description="alert at this share of the card's enforced power limit", json_schema_extra=CONFIG_ONLY)
     rss_growth: float = Field(0.25, gt=0, description="alert when resident memory grows by this share over the RSS window")
-    rss_window: float = Field(600.0, gt=0, description="seconds over which RSS growth is taken")
-
-    FLAGS: typing.ClassVar[tuple[str, ...]] = ("acceptance_min", "vram_watermark", "error_rate", "rss_growth")  # the ones `serve`/`up` take as --alert-*
+    rss_window: float = Field(600.0, gt=0,
+        description="seconds over which RSS growth is taken", json_schema_extra=CONFIG_ONLY)
 
 
 @dataclass

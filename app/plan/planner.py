@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import asdict, dataclass, field
-from typing import ClassVar, Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
 from app.errors import SpecdeckError
 from app.gguf.info import ModelInfo
@@ -31,27 +31,43 @@ class PlanError(SpecdeckError):
     exit_code = 3
 
 
-class PlanRequest(BaseModel):
-    """What the user asked for; None means "choose for me"."""
+# the draft length's one definition: the planner's input, and the server's setting that feeds it
+DraftMax = Annotated[int | None, Field(ge=0, le=64, description="most tokens drafted per step (default: the planner chooses)")]
 
-    device: Literal["auto", "cuda", "cpu"] = Field("auto", description="plan for the GPU (cuda) or host RAM (cpu)")
-    vram: int | None = Field(None, description="the card's total memory in bytes (default: free memory read with pynvml)")
-    ram: int | None = Field(None, description="host memory budget in bytes (default: available memory, psutil)")
+
+class PlanRequest(BaseModel):
+    """What the user asked for; None means "choose for me". Each field is also the flag of the
+    commands that take it (app/settings.py: `add_flags`); those marked `only` are plan's alone."""
+
     ctx: int | None = Field(None, description="context length (default: the preset's; shrunk to fit unless given)")
-    cache_type_k: str | None = Field(None, description="K cache type: f16, q8_0, q4_0 ...")
-    cache_type_v: str | None = Field(None, description="V cache type")
+    cache_type: str | None = Field(None, description="K and V cache type (f16, q8_0, q4_0, ...)")
+    cache_type_k: str | None = Field(None, description="K cache type: f16, q8_0, q4_0 ... (default: --cache-type)")
+    cache_type_v: str | None = Field(None, description="V cache type (default: --cache-type)")
     n_gpu_layers: int | None = Field(None, description="target layers on the GPU (default: all that fit)")
     parallel: int | None = Field(None, ge=1, le=64, description="concurrent slots (sequences)")
     flash_attn: Literal["auto", "on", "off"] = Field(
         "auto", description="flash attention: auto is off on a CPU, where llama.cpp's kernel makes decoding at "
                             "depth slower (scripts/attention_depth.py), unless only a quantized V cache fits; on for CUDA")
+    draft_max: DraftMax = Field(None, json_schema_extra={"only": True})
+    device: Literal["auto", "cuda", "cpu"] = Field("auto", description="plan for the GPU (cuda) or host RAM (cpu)",
+                                                   json_schema_extra={"only": True})
+    vram: int | None = Field(None, description="the GPU's total memory, e.g. 24GiB (default: free memory read with pynvml)",
+                             json_schema_extra={"only": True, "size": True})
+    ram: int | None = Field(None, description="host memory budget, e.g. 16GiB (default: available memory, psutil)",
+                            json_schema_extra={"only": True, "size": True})
+    n_ubatch: int | None = Field(None, ge=32, description="physical batch size (n_ubatch)",
+                                 json_schema_extra={"only": True, "flag": "--ubatch"})
+    reserve: int | None = Field(None, ge=0, description="runtime reserve (CUDA context, driver, display), e.g. 768MiB",
+                                json_schema_extra={"only": True, "size": True})
+    margin: int | None = Field(None, ge=0, description="safety margin, e.g. 512MiB", json_schema_extra={"only": True, "size": True})
+    ctx_is_user_choice: bool = Field(False, json_schema_extra={"flag": False})
 
-    FLAGS: ClassVar[tuple[str, ...]] = ("ctx", "cache_type_k", "cache_type_v", "n_gpu_layers", "parallel", "flash_attn")
-    draft_max: int | None = Field(None, ge=0, le=64, description="most tokens drafted per step (default: the planner chooses)")
-    n_ubatch: int | None = Field(None, ge=32, description="physical batch size")
-    reserve: int | None = Field(None, ge=0, description="runtime reserve in bytes (CUDA context, driver, display)")
-    margin: int | None = Field(None, ge=0, description="safety margin in bytes")
-    ctx_is_user_choice: bool = False
+    @model_validator(mode="after")
+    def _both_cache_types(self) -> PlanRequest:
+        """--cache-type sets K and V where they are not set apart."""
+        self.cache_type_k = self.cache_type_k or self.cache_type
+        self.cache_type_v = self.cache_type_v or self.cache_type
+        return self
 
 
 @dataclass(frozen=True)

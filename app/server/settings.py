@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import ipaddress
 import tomllib
-import typing
 from pathlib import Path
 
 from pydantic import Field, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from app.errors import SpecdeckError
+from app.plan.planner import DraftMax
 
 
 class ServeSettings(BaseSettings):
@@ -18,7 +18,8 @@ class ServeSettings(BaseSettings):
 
     host: str = Field("127.0.0.1", description="address to bind (anything but loopback needs an API key)")
     port: int = Field(8000, ge=1, le=65535, description="port to listen on")
-    api_key: str | None = Field(None, description="one key, from SPECDECK_API_KEY; never a flag", repr=False)
+    api_key: str | None = Field(None, description="one key, from SPECDECK_API_KEY; never a flag", repr=False,
+                                json_schema_extra={"flag": False})
     api_key_file: Path | None = Field(None, description="the named API keys, one per line (see app/server/keys.py); "
                                                         "read again on SIGHUP")
     cors_origins: list[str] = Field(default_factory=list, description="allow this origin by CORS (off when none is given)",
@@ -28,9 +29,10 @@ class ServeSettings(BaseSettings):
     max_tokens: int = Field(4096, ge=1, description="cap on max_tokens per request")
     shutdown_grace: float = Field(2.0, ge=0, description="seconds generation in flight may go on after SIGTERM")
     start_timeout: float = Field(900.0, gt=0, description="seconds a start may take to load and pass its smoke request "
-                                                          "before it counts as failed (and the last good revision starts)")
+                                                          "before it counts as failed (with --fallback the last good revision then starts)")
     max_body_bytes: int = Field(8 * 2**20, ge=1024, description="largest request body accepted (413 beyond)")
-    draft_max: int | None = Field(None, ge=0, le=64, description="most tokens drafted per step (default: the planner chooses)")
+    draft_max: DraftMax = None  # the plan's input (app/plan/planner.py: one definition)
+    threads: int | None = Field(None, ge=1, le=1024, description="CPU threads (default: the physical cores)")
     speculative: bool = Field(True, description="speculation on by default (requests can turn it off)",
                               json_schema_extra={"flag": "--no-speculative", "negate": True, "help": "start with speculation off"})
     log_prompts: bool = Field(False, description="log request text (off: only counts and timings)")
@@ -54,12 +56,6 @@ class ServeSettings(BaseSettings):
                                     "(default: the service log)")
     access_log_max_mb: float = Field(100.0, gt=0, description="rotate the access log file at this size, MiB")
     access_log_files: int = Field(5, ge=1, le=1000, description="rotated access log files kept")
-
-    # the fields `serve`, `up` and `doctor` take as flags (the API key never is one)
-    FLAGS: typing.ClassVar[tuple[str, ...]] = ("host", "port", "max_queue", "cors_origins", "speculative", "log_prompts",
-                                               "draft_max", "strict_model", "model_aliases", "slots_endpoint", "suffix_tokens", "cache_ram",
-                                               "tls_cert", "tls_key", "allow_from", "trusted_proxies",
-                                               "access_log", "access_log_max_mb", "access_log_files")
 
     def check(self) -> None:
         if not is_loopback(self.host) and not self.keyring():
