@@ -377,3 +377,56 @@ def test_fingerprint_and_ollama_digest_follow_the_model_file(tiny, tmp_path):
         assert tags == show == sha, (tags, show, sha)
         seen.append(fp)
     assert seen[0] != seen[1] and all(f.startswith("fp_") for f in seen)
+
+
+def test_a_revision_recorded_before_typed_records_still_loads_and_rolls_back(tiny):
+    """tests/data/revision-before-typed-records.json is a revision as specdeck wrote it before the
+    typed record (its `args` are argparse's names; captured from a real `serve --ctx 512 --parallel 2
+    --threads 1`): `config history` lists it, `rollback` starts it with its settings, and the same
+    start today records the typed, versioned form."""
+    import hashlib
+
+    from app.settings import paths
+
+    port = free_port()
+    text = (ROOT / "tests" / "data" / "revision-before-typed-records.json").read_text()
+    for key, path in (("TARGET", tiny.target), ("DRAFT", tiny.draft)):
+        text = text.replace(f"@{key}_SHA256@", hashlib.sha256(path.read_bytes()).hexdigest()).replace(f"@{key}@", str(path))
+    text = text.replace('"@PORT@"', str(port))
+    revisions = paths().state / "revisions"
+    revisions.mkdir(parents=True)
+    (revisions / "0001.json").write_text(text)
+    h = history()
+    assert [(r["number"], r["status"]) for r in h["revisions"]] == [(1, "good")]
+    table = run_cli("config", "history")
+    assert table.returncode == 0 and "good" in table.stdout and "Traceback" not in table.stderr
+
+    p = subprocess.Popen([*SPECDECK, "rollback", "1"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        assert wait_for(lambda: _health(port), 120), "revision 1 did not start"
+        status = httpx.get(f"http://127.0.0.1:{port}/v1/status").json()
+        assert status["revision"] == 1 and status["plan"]["ctx"] == 512 and status["plan"]["parallel"] == 2
+        assert answers(port)
+    finally:
+        p.send_signal(signal.SIGTERM)
+        out, _ = p.communicate(timeout=60)
+    assert p.returncode == 0 and "Traceback" not in out, out
+
+    s = Serve("--target", str(tiny.target), "--draft", str(tiny.draft), "--ctx", "512", "--parallel", "2",
+              "--threads", "1", "--port", str(port))
+    try:
+        assert s.wait_line("models loaded"), s.output
+    finally:
+        assert s.stop() == 0, s.output
+    now = history()["revisions"][-1]
+    assert now["args"]["version"] == 2 and now["args"]["chosen"]["target"] == str(tiny.target)
+    assert now["args"]["plan"] == {"ctx": 512, "parallel": 2} and now["settings"]["serve"]["threads"] == 1
+    p = subprocess.Popen([*SPECDECK, "rollback", str(now["number"])], cwd=ROOT, stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True)
+    try:
+        assert wait_for(lambda: _health(port), 120), "the typed revision did not start"
+        assert httpx.get(f"http://127.0.0.1:{port}/v1/status").json()["plan"]["ctx"] == 512 and answers(port)
+    finally:
+        p.send_signal(signal.SIGTERM)
+        out, _ = p.communicate(timeout=60)
+    assert p.returncode == 0 and "Traceback" not in out, out

@@ -16,6 +16,7 @@ import argparse
 import json
 import os
 
+from pydantic import BaseModel
 from rich.markup import escape
 from rich.table import Table
 
@@ -25,19 +26,68 @@ from app.commands.up import up_once
 from app.errors import SpecdeckError
 from app.ops.alerts import AlertSettings
 from app.ops.revisions import Revision, RevisionStore
+from app.plan.planner import PlanRequest
 from app.server import sdnotify
 from app.server.settings import ServeSettings
-from app.settings import paths
+from app.settings import given, paths
 
-NOT_RECORDED = ("func", "fallback", "no_fallback", "revision_start")  # flags about this start, not the configuration
+RECORD_VERSION = 2
+
+
+class Chosen(BaseModel):
+    """What a start serves, as the user named it (resolved against the catalogue at each start)."""
+
+    name: str | None = None
+    target: str | None = None
+    draft: str | None = None
+    embedding_model: str | None = None
+    models: str | None = None  # the catalogue file (--models)
+
+
+class UpOptions(BaseModel):
+    """`up`'s own options (its dashboard, and whether it re-hashes or stays offline)."""
+
+    offline: bool = False
+    verify: bool = False
+    interval: float = 1.0
+    log_interval: float = 10.0
+
+
+class StartRecord(BaseModel):
+    """What a revision records of a start besides its effective server settings and thresholds: a
+    versioned, typed record (never argparse's names). `load` also reads the records written before
+    it (version 1: the command line's Namespace as it was)."""
+
+    version: int = RECORD_VERSION
+    chosen: Chosen = Chosen()
+    plan: dict = {}  # the planner's inputs the user fixed (PlanRequest fields; None: the planner chooses)
+    up: UpOptions | None = None
+
+    @classmethod
+    def of(cls, args: argparse.Namespace, command: str) -> StartRecord:
+        asked = given(args, PlanRequest)
+        plan = PlanRequest(**asked).model_dump(mode="json", include=set(asked) - {"ctx_is_user_choice"})
+        return cls(chosen=Chosen(**{k: getattr(args, k, None) for k in Chosen.model_fields}), plan=plan,
+                   up=UpOptions(**{k: getattr(args, k) for k in UpOptions.model_fields}) if command == "up" else None)
+
+    @classmethod
+    def load(cls, data: dict, command: str) -> StartRecord:
+        if data.get("version") == RECORD_VERSION:
+            return cls(**data)
+        if "version" in data:
+            raise SpecdeckError(f"a revision record of version {data['version']} (this specdeck reads {RECORD_VERSION})")
+        return cls.of(argparse.Namespace(**{**UpOptions().model_dump(), **data}), command)
+
+    def namespace(self, settings: ServeSettings) -> argparse.Namespace:
+        """The command line this record starts again (what `serve_once` / `up_once` read)."""
+        values = {**{k: None for k in PlanRequest.model_fields}, **PlanRequest(**self.plan).model_dump(include=set(self.plan)),
+                  **self.chosen.model_dump(), **(self.up or UpOptions()).model_dump(),
+                  "config": None, "threads": settings.threads, "api_key_file": settings.api_key_file, "fallback": False}
+        return argparse.Namespace(**values)
 
 
 def store() -> RevisionStore:
     return RevisionStore(paths().state)
-
-
-def args_json(args: argparse.Namespace) -> dict:
-    return {k: v for k, v in sorted(vars(args).items()) if k not in NOT_RECORDED}
 
 
 def settings_json(settings: ServeSettings, alerts: AlertSettings) -> dict:
@@ -86,11 +136,12 @@ def run_revisioned(args: argparse.Namespace, command: str) -> int:
     """`serve` / `up`: record this start's revision, start it, fall back to the last good one if it fails."""
     from app.server.serve import StartFailed
 
-    settings = serve_settings(args, args.api_key_file)
+    settings = serve_settings(args)
     alerts = alert_settings(args)
     st = store()
     name, models = model_record(args, settings)
-    rev = st.record(command, args_json(args), settings_json(settings, alerts), models, name)
+    record = StartRecord.of(args, command).model_dump(mode="json")
+    rev = st.record(command, record, settings_json(settings, alerts), models, name)
     good_before = rev.good_at
     try:
         return _start(rev, args, settings, alerts)
@@ -113,21 +164,24 @@ def run_revisioned(args: argparse.Namespace, command: str) -> int:
 
 
 def _revision_settings(rev: Revision) -> tuple[argparse.Namespace, ServeSettings, AlertSettings]:
-    """The revision's recorded command line and settings; the API key comes from where it came then
-    (the key file it names, else SPECDECK_API_KEY), never from the record."""
-    args = argparse.Namespace(**rev.args, fallback=False)
+    """The revision's recorded start and settings; the API key comes from where it came then (the
+    key file it names, else SPECDECK_API_KEY), never from the record."""
     serve = dict((rev.settings or {}).get("serve") or {})
-    if args.api_key_file:
-        serve["api_key_file"] = args.api_key_file
+    for key in ("api_key_file", "threads"):  # flags of their own in records written before they were settings
+        if serve.get(key) is None and rev.args.get(key) is not None:
+            serve[key] = rev.args[key]
     try:
+        record = StartRecord.load(rev.args, rev.command)
         settings = ServeSettings(**serve, api_key=os.environ.get("SPECDECK_API_KEY") or None)
         alerts = AlertSettings(**((rev.settings or {}).get("alerts") or {}))
+    except SpecdeckError as e:
+        raise SpecdeckError(f"revision {rev.number}: {e.message}") from None
     except Exception as e:  # noqa: BLE001 - a record from another version
         raise SpecdeckError(f"revision {rev.number}'s settings no longer parse: {e}") from None
     if rev.settings.get("api_key_set") and not settings.keyring():
         raise SpecdeckError(f"revision {rev.number} was served with an API key; none is set now",
                             hint="set SPECDECK_API_KEY or keep the key file it names")
-    return args, settings, alerts
+    return record.namespace(settings), settings, alerts
 
 
 def start_revision(rev: Revision, failed: Revision | None = None, reason: str | None = None) -> int:

@@ -45,7 +45,8 @@ class Revision:
 
     @property
     def name(self) -> str:
-        return self.preset or str(self.args.get("name") or self.args.get("target") or "?")
+        chosen = self.args.get("chosen") or self.args  # today's record, or one of version 1 (the command line)
+        return self.preset or str(chosen.get("name") or chosen.get("target") or "?")
 
     @property
     def deployment(self) -> tuple:
