@@ -52,8 +52,11 @@ class Progress:
     def __init__(self, pid: int, stall: float = 120.0) -> None:
         import psutil
 
-        self.proc, self.stall = psutil.Process(pid), stall
-        self.cpu, self.since = -1.0, time.monotonic()
+        try:
+            self.proc = psutil.Process(pid)
+        except psutil.NoSuchProcess:  # it has ended already
+            self.proc = None
+        self.stall, self.cpu, self.since = stall, -1.0, time.monotonic()
 
     def _cpu(self) -> float:
         import psutil
@@ -66,7 +69,12 @@ class Progress:
 
     def alive(self) -> bool:
         """False once the process is gone, or has not used the CPU for `stall` seconds."""
-        if not self.proc.is_running() or self.proc.status() == "zombie":
+        import psutil
+
+        try:
+            if self.proc is None or not self.proc.is_running() or self.proc.status() == "zombie":
+                return False
+        except psutil.NoSuchProcess:
             return False
         cpu = self._cpu()
         if cpu > self.cpu + 0.05:
@@ -88,6 +96,8 @@ def wait_working(what, pid: int, stall: float = 120.0, every: float = 0.25):
 
 def wait_exit(proc: subprocess.Popen, stall: float = 120.0) -> int:
     """The exit code of `proc`, waited for while it keeps working (killed if it stalls)."""
+    if proc.poll() is not None:
+        return proc.returncode
     if wait_working(lambda: proc.poll() is not None, proc.pid, stall, 0.1) is None:
         proc.kill()
         raise AssertionError(f"process {proc.pid} stalled for {stall:.0f} s without exiting")
