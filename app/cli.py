@@ -4,7 +4,9 @@ can cause ends in one clear line and a non-zero exit."""
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import os
+import signal
 import sys
 
 from rich.markup import escape
@@ -192,6 +194,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    if hasattr(signal, "SIGUSR1"):  # `kill -USR1 PID` prints every thread's stack to stderr (a stuck process)
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
     try:
         args = build_parser().parse_args(argv)
         return int(args.func(args))

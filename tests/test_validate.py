@@ -10,6 +10,7 @@ import json
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -25,8 +26,9 @@ class Served:
     def __init__(self, *args: str) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        self.log = tempfile.TemporaryFile("w+")  # the server's output, shown if it does not stop
         self.p = subprocess.Popen([sys.executable, "-m", "app.cli", "serve", *args, "--port", str(self.port)], cwd=ROOT,
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                                  stdout=self.log, stderr=subprocess.STDOUT)
 
     def __enter__(self) -> Served:
         return self
@@ -35,8 +37,12 @@ class Served:
         self.p.send_signal(signal.SIGTERM)
         try:
             wait_exit(self.p)
+        except AssertionError as e:
+            self.log.seek(0)
+            raise AssertionError(f"{e}\n{self.log.read()[-6000:]}") from None
         finally:
             self.p.kill()
+            self.log.close()
 
 
 def validate(*args: str) -> tuple[int, dict, str]:

@@ -98,10 +98,24 @@ def wait_exit(proc: subprocess.Popen, stall: float = 120.0) -> int:
     """The exit code of `proc`, waited for while it keeps working (killed if it stalls)."""
     if proc.poll() is not None:
         return proc.returncode
+    t0 = time.monotonic()
     if wait_working(lambda: proc.poll() is not None, proc.pid, stall, 0.1) is None:
+        state = _state(proc.pid)
+        proc.send_signal(signal.SIGUSR1)  # specdeck prints every thread's stack (app/cli.py), for the log
+        time.sleep(1)
         proc.kill()
-        raise AssertionError(f"process {proc.pid} stalled for {stall:.0f} s without exiting")
+        raise AssertionError(f"process {proc.pid} did not exit: {time.monotonic() - t0:.0f} s, {state}")
     return proc.wait()
+
+
+def _state(pid: int) -> str:
+    import psutil
+
+    try:
+        p = psutil.Process(pid)
+        return f"status {p.status()}, cpu {p.cpu_times()}"
+    except psutil.Error as e:
+        return f"{type(e).__name__}"
 
 
 class LiveServer:
@@ -160,6 +174,9 @@ class Serve:
             self.p.send_signal(signal.SIGTERM)
         try:
             return wait_exit(self.p)
+        except AssertionError as e:  # with the server's own last words (a stuck one prints its threads' stacks)
+            self.reader.join(5)
+            raise AssertionError(f"{e}\n{self.output[-6000:]}") from None
         finally:
             self.p.kill()
             self.reader.join(5)
