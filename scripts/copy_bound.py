@@ -224,7 +224,7 @@ REPLAYED = ("lookup", "suffix", "adaptive", "adaptive-local")
 
 
 def replay_drafters(costs: CostModel) -> dict:
-    """The text drafters as `specdeck bench` builds them (`bench.mode_drafters`), on these costs and
+    """The text drafters as `specdeck bench` builds them (`benchruns.mode_drafters`), on these costs and
     without a draft model (its proposals cannot be replayed without running it). Their suffix indexes
     start empty and take each turn's prompt and answer in session order, as in the agent workload."""
     return mode_drafters(None, Controller(costs, learn_costs=False))

@@ -77,7 +77,7 @@ def prompt_ids(turns: list[dict], preset: str) -> list[list[int]]:
 
 
 def _one(loaded, drafter, mode: str, ids: list[int], max_tokens: int, n_max: int) -> dict:
-    """One greedy request, as `bench.measure_one` runs it. Kept here rather than imported: an
+    """One greedy request, as `benchruns.measure_one` runs it. Kept here rather than imported: an
     earlier commit's bench has no `measure_one`, and this must run the same way in both trees."""
     from app.engine.engine import Engine, Request, SpecParams
 
