@@ -71,8 +71,10 @@ class Progress:
         """False once the process is gone, or has not used the CPU for `stall` seconds."""
         import psutil
 
+        # (a zombie is not done: a process whose main thread has ended shows as one while its other
+        # threads still run, and cannot be reaped until they end)
         try:
-            if self.proc is None or not self.proc.is_running() or self.proc.status() == "zombie":
+            if self.proc is None or not self.proc.is_running():
                 return False
         except psutil.NoSuchProcess:
             return False
