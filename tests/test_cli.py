@@ -56,6 +56,15 @@ def test_truncated_gguf(tmp_path, tiny):
     assert_clean_error(run_cli("check", "--target", str(f), "--draft", str(tiny.draft)), "truncated")
 
 
+@pytest.mark.parametrize("args, needle", [
+    (["plan", "--parallel", "0"], "bad setting parallel"),
+    (["verify", "--draft-max", "99"], "bad setting draft_max"),
+    (["plan", "--vram", "abc"], "'abc' is not a size"),
+])
+def test_a_setting_out_of_bounds_is_one_clear_line(tiny, args, needle):
+    assert_clean_error(run_cli(*args, "--target", str(tiny.target), "--draft", str(tiny.draft)), needle)
+
+
 def test_bad_catalogue(tmp_path):
     f = tmp_path / "models.toml"
     f.write_text("[models.x\nrepo=1")

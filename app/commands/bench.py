@@ -38,6 +38,7 @@ from app.commands.common import (
     make_fetcher,
     make_selection,
     out,
+    plan_request_of,
     threads,
 )
 from app.commands.ratios import agent_ratios, ratios, workload_per_decode
@@ -45,7 +46,7 @@ from app.commands.workloads import agent_turns
 from app.errors import SpecdeckError
 from app.gguf.info import read_model_info
 from app.plan.hardware import detect
-from app.plan.planner import PlanRequest, make_plan
+from app.plan.planner import make_plan
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -67,7 +68,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     target = read_model_info(local_path(fetcher, sel.target))
     draft = read_model_info(local_path(fetcher, sel.draft)) if sel.draft else None
     hw = detect()
-    plan = make_plan(target, draft, PlanRequest(ctx=args.ctx, ctx_is_user_choice=True, parallel=1, draft_max=16), hw, args.ctx)
+    plan = make_plan(target, draft, plan_request_of(ctx=args.ctx, ctx_is_user_choice=True, parallel=1, draft_max=16), hw, args.ctx)
     n_threads = threads(args.threads, hw)
     log = (lambda *a, **k: console.print(*a, **k)) if args.json else (lambda *a, **k: out.print(*a, **k))
     server = None if args.no_anchors else find_llama_server()

@@ -112,5 +112,16 @@ def plan_request(args: argparse.Namespace, **more) -> PlanRequest:
     """A PlanRequest from the planner flags given (PlanRequest's own fields; `--cache-type` sets both
     K and V), plus what the command adds."""
     values = {**given(args, PlanRequest), **{k: v for k, v in more.items() if v is not None}}
-    return PlanRequest(**values, ctx_is_user_choice=values.get("ctx") is not None)
+    return plan_request_of(**values, ctx_is_user_choice=values.get("ctx") is not None)
+
+
+def plan_request_of(**values) -> PlanRequest:
+    """A PlanRequest, or one line naming the setting that is out of bounds (--parallel 0, --draft-max 99)."""
+    from pydantic import ValidationError
+
+    try:
+        return PlanRequest(**values)
+    except ValidationError as e:
+        first = e.errors()[0]
+        raise SpecdeckError(f"bad setting {'.'.join(map(str, first['loc']))}: {first['msg']}") from None
 

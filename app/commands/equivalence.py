@@ -21,6 +21,7 @@ from app.commands.common import (
     make_fetcher,
     make_selection,
     out,
+    plan_request_of,
 )
 from app.engine.engine import Engine, Request, SpecParams
 from app.engine.text import Tokenizer
@@ -28,7 +29,7 @@ from app.errors import SpecdeckError
 from app.gguf.info import read_model_info
 from app.ops.validate import GAP_TOLERANCE  # one rule for `verify` and `validate`
 from app.plan.hardware import detect
-from app.plan.planner import PlanRequest, make_plan
+from app.plan.planner import make_plan
 
 CODE_EDIT_MODULE = """import os
 import sys
@@ -318,7 +319,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     target = read_model_info(local_path(fetcher, sel.target))
     draft = read_model_info(local_path(fetcher, sel.draft))
     hw = detect()
-    req = PlanRequest(ctx=args.ctx, ctx_is_user_choice=True, parallel=1, draft_max=args.draft_max)
+    req = plan_request_of(ctx=args.ctx, ctx_is_user_choice=True, parallel=1, draft_max=args.draft_max)
     plan = make_plan(target, draft, req, hw, args.ctx)
     loaded = load(plan, target, draft, hw.cpu_count)
     report = EquivalenceReport()
