@@ -1,0 +1,38 @@
+"""The grammar of a tool call in the model's own format. Forced (`tool_choice` required, a named
+function, Anthropic's `any` / `tool`): the answer must be calls, after the reasoning if the format
+has one. Lazy (`auto`): free text until the format's opening appears, then a valid call, as
+llama.cpp's lazy grammars do (the trigger is a pattern llama.cpp's grammar sampler searches)."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from app.chat.gbnf import Grammar, literal, until
+from app.chat.spec import ChatSpec
+from app.errors import SpecdeckError
+
+
+@dataclass(frozen=True)
+class CallGrammar:
+    gbnf: str
+    triggers: tuple[str, ...] = ()  # empty: applies from the first token; else lazy, from the first match
+
+
+def call_grammar(spec: ChatSpec, tools: list[dict], forced: bool, parallel: bool = True,
+                 started: bool = False) -> CallGrammar:
+    """`started`: the prompt opened the reasoning block, so the answer begins inside it."""
+    fmt = spec.tools
+    if fmt is None or not fmt.opening:
+        raise SpecdeckError("tool calls in this template's format are not parsed, so they cannot be forced")
+    g = Grammar()
+    calls = fmt.calls_rule(g, tools, parallel)
+    r = spec.reasoning
+    if not forced:
+        lead = "^[\\s\\S]*?" + re.escape(r.closing) if started and r is not None else "^"
+        return CallGrammar(g.text(calls), (lead + "[\\s\\S]*?(" + re.escape(fmt.opening) + ")[\\s\\S]*$",))
+    if r is None:
+        return CallGrammar(g.text(f"{calls}"))
+    thought = f"{g.rule('thought', until(r.closing))} {literal(r.closing)}"
+    head = thought if started else f"({literal(r.opening)} {thought})?"
+    return CallGrammar(g.text(f'{head} [ \\t\\n]* {calls}'))

@@ -1,0 +1,66 @@
+"""Qwen3-Coder / Qwen3.5 / Qwen3.6 (also Nemotron Nano 3): calls in XML, every value as text,
+
+    <tool_call>
+    <function=get_weather>
+    <parameter=city>
+    Oslo
+    </parameter>
+    </function>
+    </tool_call>
+
+Values become the types the function's schema declares (`app.chat.types`)."""
+
+from __future__ import annotations
+
+import re
+
+from app.chat.format import Call, Scan, ToolFormat, Tools, rule_name, scan_blocks
+from app.chat.gbnf import Grammar, literal, until
+from app.chat.types import convert_arguments, declared_types, parameters
+
+OPEN, CLOSE = "<tool_call>", "</tool_call>"
+_FUNCTION = re.compile(r"\A\s*<function=([^>\n]+)>(.*?)</function>\s*\Z", re.S)
+_FUNCTION_OPEN = re.compile(r"\A\s*<function=([^>\n]+)>(.*)\Z", re.S)  # at the very end: </function> left out
+_PARAMETER = re.compile(r"<parameter=([^>\n]+)>(.*?)</parameter>", re.S)
+
+
+def _value(text: str) -> str:
+    """A parameter's text without the one new line the format puts on each side."""
+    text = text[1:] if text.startswith("\n") else text
+    return text[:-1] if text.endswith("\n") else text
+
+
+class Qwen3Coder(ToolFormat):
+    name = "qwen3-coder"
+    label = "Qwen3-Coder XML (<function=...><parameter=...>)"
+    opening = OPEN
+    markup = (OPEN, CLOSE)
+
+    def renders(self, text: str, name: str, arg: str) -> bool:
+        return f"<function={name}>" in text and f"<parameter={arg}>" in text
+
+    def scan(self, text: str, tools: Tools, final: bool) -> Scan:
+        return scan_blocks(text, OPEN, CLOSE, lambda block: self._calls(block, tools), final)
+
+    def _calls(self, block: str, tools: Tools) -> list[Call] | None:
+        m = _FUNCTION.match(block) or _FUNCTION_OPEN.match(block)
+        if m is None or m.group(1).strip() not in tools:
+            return None
+        name, body = m.group(1).strip(), m.group(2)
+        args = {p.group(1).strip(): _value(p.group(2)) for p in _PARAMETER.finditer(body)}
+        if _PARAMETER.sub("", body).strip():  # text between the parameters: not this format
+            return None
+        return [Call(name, convert_arguments(args, tools[name]))]
+
+    def call_rule(self, g: Grammar, tool: dict) -> str:
+        schema = tool.get("parameters") if isinstance(tool.get("parameters"), dict) else {}
+        required = set(schema.get("required") or [])
+        parts = []
+        for key, sub in parameters(tool).items():
+            types = declared_types(sub)
+            value = (g.rule("text-value", until("\n</parameter>")) if "string" in types or not types
+                     else g.schema(sub, f"{rule_name(tool['name'])}-{rule_name(key)}"))
+            one = f'{literal(f"<parameter={key}>" + chr(10))} {value} {literal(chr(10) + "</parameter>" + chr(10))}'
+            parts.append(one if key in required else f"({one})?")
+        head = literal(f"{OPEN}\n<function={tool['name']}>\n")
+        return " ".join([head, *parts, literal(f"</function>\n{CLOSE}")])
