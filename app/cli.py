@@ -91,6 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the result as one JSON object")
     p.add_argument("--no-probe", action="store_true", help="do not confirm implicit vocabulary settings with llama.cpp")
     p.add_argument("--verify", action="store_true", help="re-hash catalogue files before checking")
+    add_flags(p, ServeSettings, ("chat_template_file",))
     p.set_defaults(func=cmd_check)
 
     p = sub.add_parser("plan", help="size context, KV cache types, offload and slots to fit the memory budget")
@@ -113,6 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prompts", metavar="FILE.jsonl", help='lines of {"messages": [...]} or {"prompt": "..."}, optional "kind"')
     p.add_argument("--max-tokens", type=int, default=128, help="tokens per prompt (default 128)")
     add_flags(p, PlanRequest, ("draft_max", "ctx"), defaults={"draft_max": 8, "ctx": 4096})
+    add_flags(p, ServeSettings, ("chat_template_file",))
     p.add_argument("--json", action="store_true", help="print the report as one JSON object")
     p.set_defaults(func=cmd_verify)
 
@@ -123,7 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "where every answer ends as the model ends it, as an agent receives it)")
     p.add_argument("--repeats", type=int, default=2, help="runs of each workload and mode (default 2)")
     add_flags(p, PlanRequest, ("ctx",), defaults={"ctx": 4096})
-    add_flags(p, ServeSettings, ("threads",))
+    add_flags(p, ServeSettings, ("threads", "chat_template_file"))
     p.add_argument("--no-anchors", action="store_true", help="skip llama-server")
     p.add_argument("--workload", choices=("builtin", "agent"), default="builtin",
                    help="the built-in prompts, each alone (default), or the agent workload: coding sessions replayed in order")
@@ -186,7 +188,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_plan_overrides(p)
     p.add_argument("--config", help="TOML config file (default: ~/.config/specdeck/config.toml if present)")
     p.add_argument("--max-tokens", type=int, default=1024, help="most tokens per answer (default 1024)")
-    add_flags(p, ServeSettings, ("speculative", "threads"))
+    add_flags(p, ServeSettings, ("speculative", "threads", "chat_template_file"))
     p.add_argument("--offline", action="store_true", help="use only what is on disk (as HF_HUB_OFFLINE=1)")
     p.add_argument("--verify", action="store_true", help="re-hash every model file even if it was verified before")
     p.set_defaults(func=cmd_run)

@@ -182,21 +182,26 @@ def test_ollama_chat_streamed_and_not_with_format(qwen):
     assert call["name"] == "get_weather" and call["arguments"]["city"].lower() == "paris"
 
 
-def test_tool_call_parsing_and_hold():
-    from app.server.structured import ToolCallHold, parse_tool_calls, tool_call_grammar
+def test_hermes_calls_parsed_and_held_while_they_may_be_one():
+    from app.chat.format import Call
+    from app.chat.grammar import call_grammar
+    from app.chat.hermes import Hermes
+    from app.chat.spec import ChatSpec
+    from app.chat.stream import ChatStream, TextDelta
 
-    known = {"get_weather"}
+    tools = {"get_weather": WEATHER["function"]}
     call = '{"name": "get_weather", "arguments": {"city": "Oslo"}}'
     for text in (f"<tool_call>\n{call}\n</tool_call>", f"```json\n{call}\n```", call, f"[{call}, {call}]"):
-        content, calls = parse_tool_calls(text, known)
-        assert content is None and calls[0] == {"name": "get_weather", "arguments": {"city": "Oslo"}}
+        found = Hermes().scan(text, tools, final=True)
+        assert found.content.strip() == "" and found.calls[0] == Call("get_weather", {"city": "Oslo"})
     for text in ('{"name": "rm_rf", "arguments": {}}', "```python\nx = 1\n```", "<tool_call>not json</tool_call>"):
-        assert parse_tool_calls(text, known) == (text, [])
-    hold = ToolCallHold(True)
-    assert hold.push("```") == "" and hold.push("python\n") == "```python\n" and hold.push("x") == "x"
-    hold = ToolCallHold(True)
-    assert hold.push("<tool_") == "" and hold.push("call>\n{") == "" and hold.held == "<tool_call>\n{"
-    assert "root ::=" in tool_call_grammar([WEATHER["function"]])
+        assert Hermes().scan(text, tools, final=True).content == text
+    spec = ChatSpec(Hermes())
+    stream = ChatStream(spec, [WEATHER["function"]])
+    assert stream.push("```") == [] and stream.push("python\n") == [TextDelta("```python")] and stream.push("x") == [TextDelta("\nx")]
+    stream = ChatStream(spec, [WEATHER["function"]])
+    assert stream.push("<tool_") == [] and stream.push("call>\n{") == []
+    assert "root ::=" in call_grammar(spec, [WEATHER["function"]], forced=True).gbnf
 
 
 def test_ignore_eos_generates_past_the_end(qwen):

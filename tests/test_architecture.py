@@ -18,7 +18,8 @@ ALLOWED = {
     "plan": {"errors", "gguf", "build", "llama", "units"},
     "engine": {"errors", "gguf", "plan", "llama", "units"},
     "ops": {"errors", "settings", "units"},
-    "server": {"errors", "gguf", "plan", "llama", "engine", "models", "units", "settings", "ops"},
+    "chat": {"errors"},
+    "server": {"errors", "gguf", "plan", "llama", "engine", "models", "units", "settings", "ops", "chat"},
 }
 
 

@@ -40,6 +40,7 @@ class ToolFormat:
     opening = ""  # the text a call starts with (the lazy grammar's trigger)
     markup: tuple[str, ...] = ()  # strings that may be special tokens: shown in the answer's text to parse it
     native = True  # the template renders tools and calls itself (False: `render_tools` writes them in)
+    whole_answer = False  # calls are the whole answer (after any reasoning), not anywhere in it
 
     def renders(self, text: str, name: str, arg: str) -> bool:
         """Is `text` (a template's rendering of a call of `name` with one argument `arg`) in this format?"""

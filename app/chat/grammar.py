@@ -1,7 +1,8 @@
 """The grammar of a tool call in the model's own format. Forced (`tool_choice` required, a named
 function, Anthropic's `any` / `tool`): the answer must be calls, after the reasoning if the format
 has one. Lazy (`auto`): free text until the format's opening appears, then a valid call, as
-llama.cpp's lazy grammars do (the trigger is a pattern llama.cpp's grammar sampler searches)."""
+llama.cpp's lazy grammars do (the trigger is a pattern llama.cpp's grammar sampler searches); where
+calls are the whole answer (Llama 3, the generic JSON), only an opening that starts the answer."""
 
 from __future__ import annotations
 
@@ -30,7 +31,12 @@ def call_grammar(spec: ChatSpec, tools: list[dict], forced: bool, parallel: bool
     r = spec.reasoning
     if not forced:
         lead = "^[\\s\\S]*?" + re.escape(r.closing) if started and r is not None else "^"
-        return CallGrammar(g.text(calls), (lead + "[\\s\\S]*?(" + re.escape(fmt.opening) + ")[\\s\\S]*$",))
+        gap = "[\\s\\S]*?"
+        if fmt.whole_answer:  # the call opens the answer (after the reasoning, if any)
+            gap = "\\s*"
+            if r is not None and not started:
+                lead = "^(?:\\s*" + re.escape(r.opening) + "[\\s\\S]*?" + re.escape(r.closing) + ")?"
+        return CallGrammar(g.text(calls), (lead + gap + "(" + re.escape(fmt.opening) + ")[\\s\\S]*$",))
     if r is None:
         return CallGrammar(g.text(f"{calls}"))
     thought = f"{g.rule('thought', until(r.closing))} {literal(r.closing)}"

@@ -23,7 +23,7 @@ class Hermes(ToolFormat):
     markup = (OPEN, CLOSE)
 
     def renders(self, text: str, name: str, arg: str) -> bool:
-        return OPEN in text and f'"{name}"' in text
+        return re.search(re.escape(OPEN) + r'\s*\{\s*"name"\s*:\s*"' + re.escape(name) + '"', text) is not None
 
     def scan(self, text: str, tools: Tools, final: bool) -> Scan:
         found = scan_blocks(text, OPEN, CLOSE, lambda blob: json_calls(blob.strip(), tools), final)

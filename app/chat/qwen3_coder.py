@@ -37,7 +37,8 @@ class Qwen3Coder(ToolFormat):
     markup = (OPEN, CLOSE)
 
     def renders(self, text: str, name: str, arg: str) -> bool:
-        return f"<function={name}>" in text and f"<parameter={arg}>" in text
+        call = re.escape(f"{OPEN}\n<function={name}>") + r"\s*" + re.escape(f"<parameter={arg}>")
+        return re.search(call, text) is not None
 
     def scan(self, text: str, tools: Tools, final: bool) -> Scan:
         return scan_blocks(text, OPEN, CLOSE, lambda block: self._calls(block, tools), final)

@@ -33,6 +33,7 @@ from app.commands.benchruns import (
 )
 from app.commands.common import (
     catalog_from_args,
+    chat_template,
     console,
     local_path,
     make_fetcher,
@@ -81,7 +82,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
                              AGENT_ANCHORS if agent else ANCHORS, plan.target.flash_attn)
                if server else contextlib.nullcontext(None))
     with servers as up:
-        loaded = load(plan, target, draft, n_threads)
+        loaded = load(plan, target, draft, n_threads, chat_template=chat_template(args.chat_template_file, sel))
         try:
             log(f"bench: {sel.name}, {n_threads} threads, {max_tokens} tokens per prompt, {args.repeats} repeats"
                 + (f", the agent workload ({len(prompts)} turns, two sessions interleaved; every mode starts from an "

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +12,7 @@ from rich.table import Table
 
 from app.commands.common import (
     catalog_from_args,
+    chat_template,
     local_path,
     make_fetcher,
     make_selection,
@@ -113,8 +114,21 @@ def summary(x: Inspected) -> dict[str, Any]:
         "add_eos": x.facts.add_eos if x.facts else v.add_eos,
         "fim": _fim(x),
         "chat_template": v.chat_template is not None,
+        "chat_format": chat_format(v.chat_template),
         "confirmed_by_llama_cpp": x.facts is not None,
     }
+
+
+def chat_format(template: str | None) -> dict | None:
+    """The chat format the server will use with this template (found by rendering through it)."""
+    if not template:
+        return None
+    from app.chat.detect import detect
+    from app.chat.template import jinja_render
+
+    spec = detect(template, jinja_render(template))
+    return {"name": spec.name, "tools": spec.tools.name if spec.tools else None,
+            "reasoning": spec.reasoning is not None, "note": spec.note}
 
 
 def result_json(r: CheckResult) -> dict[str, Any]:
@@ -156,6 +170,7 @@ def _rows(x: Inspected) -> list[tuple[str, str]]:
         ("adds BOS / EOS", f"{s['add_bos']} / {s['add_eos']}"),
         ("FIM tokens", fim_text),
         ("chat template", "yes" if s["chat_template"] else "no"),
+        ("chat format", s["chat_format"]["name"] if s["chat_format"] else "-"),
     ]
 
 
@@ -181,12 +196,19 @@ def cmd_check(args: argparse.Namespace) -> int:
     target = local_path(fetcher, sel.target)
     draft = local_path(fetcher, sel.draft) if sel.draft else None
     result = check_pair(target, draft, probe=not args.no_probe)
+    template = chat_template(getattr(args, "chat_template_file", None), sel)
+    if template is not None:  # the template served in place of the target's own
+        info = result.target.info
+        result = replace(result, target=replace(result.target, info=replace(info, vocab=replace(info.vocab, chat_template=template))))
     if args.json:
         out.print_json(json.dumps(result_json(result)))
     else:
         out.print(render_models(result))
         for w in result.warnings:
             out.print(f"[yellow]warning:[/] {w}")
+        note = (summary(result.target)["chat_format"] or {}).get("note")
+        if note:
+            out.print(f"[yellow]chat format:[/] {note}")
         if result.draft is None:
             out.print("[green]target readable[/] (no draft)")
         elif result.compatible:

@@ -85,6 +85,15 @@ def threads(asked: int | None, hw) -> int:
     return asked or hw.cpu_count
 
 
+def chat_template(asked: Path | None, sel) -> str | None:
+    """The chat template in place of the target's own: --chat-template-file (or `chat_template_file` in
+    the config), else the preset's; read and proved to compile now. None: the target's own."""
+    from app.chat.template import read_template
+
+    path = asked or getattr(sel, "chat_template_file", None)
+    return read_template(path) if path is not None else None
+
+
 def serve_settings(args: argparse.Namespace, check: bool = True, use_config: bool = True) -> ServeSettings:
     """Server settings: config file, then SPECDECK_* variables, then the flags given (serve, up, run,
     doctor, validate; the flags are ServeSettings' own fields). `check=False` (doctor) reports an

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from app.commands.common import (
     catalog_from_args,
+    chat_template,
     local_path,
     make_fetcher,
     make_selection,
@@ -321,7 +322,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     hw = detect()
     req = plan_request_of(ctx=args.ctx, ctx_is_user_choice=True, parallel=1, draft_max=args.draft_max)
     plan = make_plan(target, draft, req, hw, args.ctx)
-    loaded = load(plan, target, draft, hw.cpu_count)
+    loaded = load(plan, target, draft, hw.cpu_count, chat_template=chat_template(args.chat_template_file, sel))
     report = EquivalenceReport()
     try:
         for item in prompts:

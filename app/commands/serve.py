@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from app.commands.check import require_compatible
 from app.commands.common import (
     catalog_from_args,
+    chat_template,
     console,
     local_path,
     make_fetcher,
@@ -56,6 +57,7 @@ class Resolved:
     embedder: ModelInfo | None
     plan: Plan
     hw: Hardware
+    chat_template: str | None = None  # in place of the target's own (--chat-template-file, the preset's)
 
 
 def resolve(args: argparse.Namespace, settings: ServeSettings, quiet: bool = False) -> Resolved:
@@ -73,7 +75,7 @@ def resolve(args: argparse.Namespace, settings: ServeSettings, quiet: bool = Fal
     if not quiet:
         for w in plan.warnings:
             console.print(f"[yellow]warning:[/] {w}")
-    return Resolved(sel.name, target, draft, embedder, plan, hw)
+    return Resolved(sel.name, target, draft, embedder, plan, hw, chat_template(settings.chat_template_file, sel))
 
 
 def serve_once(args: argparse.Namespace, settings: ServeSettings, start) -> int:
@@ -85,7 +87,8 @@ def serve_once(args: argparse.Namespace, settings: ServeSettings, start) -> int:
     console.print(f"serving {r.name} on {settings.scheme}://{settings.host}:{settings.port} (context {r.plan.ctx:,}, "
                   f"{r.plan.parallel} slots, speculation {'on' if settings.speculative and r.draft else 'lookup only' if settings.speculative else 'off'}"
                   + (f", revision {start.revision}" if start.revision else "") + ")")
-    return serve(settings, r.plan, r.target, r.draft, threads(settings.threads, r.hw), r.name, r.embedder, start)
+    return serve(settings, r.plan, r.target, r.draft, threads(settings.threads, r.hw), r.name, r.embedder, start,
+                 r.chat_template)
 
 
 @contextlib.contextmanager
@@ -109,7 +112,8 @@ def local_server(args: argparse.Namespace, settings: ServeSettings):
     try:
         with console.status(f"loading {r.name}…") if console.is_terminal else contextlib.nullcontext():
             loaded = load(r.plan, r.target, r.draft, threads(settings.threads, r.hw), adaptive=settings.speculative,
-                          suffix_tokens=settings.suffix_tokens, cache_ram_mib=settings.cache_ram)
+                          suffix_tokens=settings.suffix_tokens, cache_ram_mib=settings.cache_ram,
+                          chat_template=r.chat_template)
         service = build_service(r.plan, r.target, r.draft, r.name)
         service.machine = machine_facts(r.hw)
         service.digests = {role: m.get("sha256") for role, m in model_record(args, settings)[1].items()}

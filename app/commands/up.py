@@ -89,12 +89,14 @@ class Prepared:
     draft: ModelInfo | None
     hw: Hardware
     embedder: ModelInfo | None = None
+    chat_template: str | None = None  # in place of the target's own (--chat-template-file, the preset's)
 
 
 def prepare(args: argparse.Namespace, settings: ServeSettings, steps: Steps) -> Prepared:
     """Hardware, pull, check, plan: the same functions `pull`, `check` and `plan` run."""
     from app.commands.common import (
         catalog_from_args,
+        chat_template,
         make_fetcher,
         plan_request,
         pull_one,
@@ -140,7 +142,8 @@ def prepare(args: argparse.Namespace, settings: ServeSettings, steps: Steps) -> 
         plan = make_plan(target, draft, req, hw, sel.context, embedder)
         steps.console.print(render_plan(plan, sel.name))
         r["done"] = f"context {plan.ctx:,}, {plan.parallel} slot(s), {plan.used / 2**30:.2f} of {plan.budget / 2**30:.2f} GiB"
-    return Prepared(sel.name, plan, target, draft, hw, embedder)
+    return Prepared(sel.name, plan, target, draft, hw, embedder,
+                    chat_template(getattr(settings, "chat_template_file", None), sel))
 
 
 def prompt_ids(tok, messages: list[dict]) -> list[int]:
@@ -160,7 +163,8 @@ def load_and_warm(prep: Prepared, threads: int, settings: ServeSettings, steps: 
         with steps.step("load models", spinner=True) as r:
             speculative = settings.speculative
             loaded = load(prep.plan, prep.target, prep.draft, threads, adaptive=speculative,
-                          suffix_tokens=settings.suffix_tokens, cache_ram_mib=settings.cache_ram, cancel=steps.stop)
+                          suffix_tokens=settings.suffix_tokens, cache_ram_mib=settings.cache_ram, cancel=steps.stop,
+                          chat_template=prep.chat_template)
             r["done"] = f"target n_ctx {loaded.target.n_ctx:,}" + (", draft loaded" if loaded.draft else "") + \
                         (", speculation costs calibrated" if speculative else "")
         with steps.step("warm up", spinner=True) as r:

@@ -45,12 +45,13 @@ def saved_bytes(plan: Plan, cache_ram_mib: int) -> int:
 
 def load(plan: Plan, target: ModelInfo, draft: ModelInfo | None, threads: int, adaptive: bool = False,
          suffix_tokens: int = SUFFIX_TOKENS, cache_ram_mib: int = CACHE_RAM_MIB,
-         cancel: threading.Event | None = None) -> Loaded:
+         cancel: threading.Event | None = None, chat_template: str | None = None) -> Loaded:
     """Target and draft contexts from the plan, and an engine over them. `adaptive`: prompt lookup,
     the suffix index over recent requests (`suffix_tokens`; 0 = none) and the draft model behind the
     controller, with costs calibrated on this machine now. `cache_ram_mib`: host memory for prompt
     caches whose slot was taken (see `saved_bytes`). `cancel`: set, loading stops at llama.cpp's next
-    progress report or between its phases (LoadCancelled), and what was loaded is freed."""
+    progress report or between its phases (LoadCancelled), and what was loaded is freed.
+    `chat_template`: used in place of the target's own (--chat-template-file)."""
     made: list[Context] = []
 
     def context(info: ModelInfo, params) -> Context:
@@ -80,7 +81,7 @@ def load(plan: Plan, target: ModelInfo, draft: ModelInfo | None, threads: int, a
     drafter = build_drafter("adaptive" if adaptive else "draft", dc, controller, suffix_tokens, halt)
     engine = Engine(tc, drafter, plan.parallel, draft_limit=plan.draft_max, costs=controller,
                     saved_bytes=saved_bytes(plan, cache_ram_mib), halt=halt)
-    return Loaded(engine, Tokenizer(tc.model, target.vocab.chat_template), tc, dc)
+    return Loaded(engine, Tokenizer(tc.model, chat_template or target.vocab.chat_template), tc, dc)
 
 
 def check_cancel(cancel: threading.Event | None) -> None:

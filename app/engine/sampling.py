@@ -33,6 +33,8 @@ class SamplingParams(BaseModel):
     penalty_last_n: int = Field(64, ge=0)
     seed: int = Field(0, ge=0, lt=2**32)
     grammar: str | None = Field(None, description="GBNF the output must follow (root rule `root`)")
+    grammar_triggers: tuple[str, ...] = Field((), description="lazy grammar: it applies from the first match of one "
+                                              "of these patterns in the output (llama.cpp's trigger patterns)")
 
     @property
     def greedy(self) -> bool:
@@ -48,20 +50,26 @@ class SamplingParams(BaseModel):
         return self.repeat_penalty != 1.0 or self.frequency_penalty != 0.0 or self.presence_penalty != 0.0
 
 
-def grammar_sampler(vocab, grammar: str) -> llama_cpp.llama_sampler_p:
-    """llama.cpp's grammar sampler for GBNF text (root rule `root`); SpecdeckError if it does not parse."""
+def grammar_sampler(vocab, grammar: str, triggers: tuple[str, ...] = ()) -> llama_cpp.llama_sampler_p:
+    """llama.cpp's grammar sampler for GBNF text (root rule `root`); SpecdeckError if it does not parse.
+    With `triggers`, lazy: the grammar applies from the first match of a pattern in the output on."""
     init_llama()
     with capture_llama_log() as lines:
-        ptr = llama_cpp.llama_sampler_init_grammar(vocab, grammar.encode(), b"root")
+        if triggers:
+            patterns = (ctypes.c_char_p * len(triggers))(*[t.encode() for t in triggers])
+            ptr = llama_cpp.llama_sampler_init_grammar_lazy_patterns(vocab, grammar.encode(), b"root", patterns,
+                                                                     len(triggers), None, 0)
+        else:
+            ptr = llama_cpp.llama_sampler_init_grammar(vocab, grammar.encode(), b"root")
     if not ptr:
         detail = next((ln.strip() for ln in lines if "parse" in ln.lower() or "error" in ln.lower()), "")
         raise SpecdeckError(f"the grammar does not parse{': ' + detail if detail else ''}")
     return ptr
 
 
-def check_grammar(vocab, grammar: str) -> None:
+def check_grammar(vocab, grammar: str, triggers: tuple[str, ...] = ()) -> None:
     """Parse `grammar` as llama.cpp will (SpecdeckError if it does not)."""
-    llama_cpp.llama_sampler_free(grammar_sampler(vocab, grammar))
+    llama_cpp.llama_sampler_free(grammar_sampler(vocab, grammar, triggers))
 
 
 def _chain(params: SamplingParams, n_vocab: int, with_draw: bool, vocab=None) -> llama_cpp.llama_sampler_p:
@@ -72,7 +80,7 @@ def _chain(params: SamplingParams, n_vocab: int, with_draw: bool, vocab=None) ->
         if vocab is None:
             raise SpecdeckError("a grammar needs the model's vocabulary")
         try:
-            add(grammar_sampler(vocab, params.grammar))
+            add(grammar_sampler(vocab, params.grammar, params.grammar_triggers))
         except SpecdeckError:
             llama_cpp.llama_sampler_free(chain)
             raise

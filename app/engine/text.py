@@ -51,16 +51,19 @@ class Tokenizer:
         return b"".join(self.piece_bytes(t) for t in tokens).decode("utf-8", errors="replace")
 
     def render_chat(self, messages: list[dict], tools: list[dict] | None = None, thinking: bool | None = None,
-                    generation_prompt: bool = True) -> str:
+                    generation_prompt: bool = True, extra: dict | None = None) -> str:
         """`thinking` switches a template's thinking mode (its `enable_thinking` variable), where it has one;
-        `generation_prompt` False leaves out the assistant turn's opening (llama-server's /apply-template)."""
+        `generation_prompt` False leaves out the assistant turn's opening (llama-server's /apply-template);
+        `extra`: more template variables (llama-server's chat_template_kwargs)."""
         if self._formatter is None:
             raise SpecdeckError("this model has no chat template: send a plain prompt instead of messages")
-        extra = {"enable_thinking": thinking} if thinking is not None and self.has_thinking_mode else {}
+        variables = {k: v for k, v in (extra or {}).items() if k not in ("messages", "tools", "add_generation_prompt")}
+        if thinking is not None and self.has_thinking_mode:
+            variables["enable_thinking"] = thinking
         fmt = self._formatter
         if not generation_prompt:
             fmt = Jinja2ChatFormatter(self.chat_template, self.piece(self.eos), self.piece(self.bos), add_generation_prompt=False)
-        return fmt(messages=messages, tools=tools or None, **extra).prompt
+        return fmt(messages=messages, tools=tools or None, **variables).prompt
 
     @property
     def has_thinking_mode(self) -> bool:
@@ -72,6 +75,19 @@ class Tokenizer:
         return bool(self.chat_template) and re.search(r"\btools\b", self.chat_template) is not None
 
     def chat_tokens(self, messages: list[dict], tools: list[dict] | None = None, thinking: bool | None = None) -> list[int]:
-        text = self.render_chat(messages, tools, thinking)
+        return self.prompt_tokens(self.render_chat(messages, tools, thinking))
+
+    def prompt_tokens(self, text: str) -> list[int]:
+        """A rendered chat prompt's ids (BOS added where the model wants one and the template did not write it)."""
         has_bos = self.add_bos and text.startswith(self.piece(self.bos))
         return self.encode(text, add_special=self.add_bos and not has_bos)
+
+    def markup_tokens(self, markup: tuple[str, ...]) -> set[int]:
+        """Tokens that are one of these strings but render as nothing as plain text (control tokens such
+        as Mistral's [TOOL_CALLS]): the answer's text must show them for its format to be parsed."""
+        out = set()
+        for text in markup:
+            ids = self.encode(text, add_special=False, parse_special=True)
+            if len(ids) == 1 and not self.piece_bytes(ids[0]):
+                out.add(ids[0])
+        return out

@@ -100,6 +100,7 @@ class Preset(_Strict):
     context: int = Field(gt=0)
     hardware: Literal["gpu-24gb", "cpu"]
     embedding: str | None = None  # a catalogue model served for /v1/embeddings
+    chat_template_file: Path | None = None  # a chat template in place of the target's own (relative: to the catalogue)
 
 
 class Catalog(_Strict):

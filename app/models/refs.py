@@ -57,6 +57,7 @@ class Selection:
     draft: ModelRef | None
     context: int | None = None
     embedding: ModelRef | None = None  # an optional embedding model served beside the pair
+    chat_template_file: Path | None = None  # the preset's chat template in place of the target's own
 
 
 def select(
@@ -78,6 +79,7 @@ def select(
             ModelRef(spec=catalog.models[p.draft]) if p.draft else None,
             p.context,
             ModelRef(spec=catalog.models[p.embedding]) if p.embedding else None,
+            catalog.source.parent / p.chat_template_file if p.chat_template_file else None,
         )
     if name in catalog.models or name.startswith("hf://"):
         return Selection(name, resolve_ref(name, catalog), None)

@@ -4,8 +4,9 @@ cache, limits and speculation as the OpenAI routes.
 
 Content blocks become the chat template's messages: text, `tool_use` (an assistant's tool calls)
 and `tool_result` (a tool message). Harmless extras are ignored (`cache_control`, `metadata`,
-`thinking` on a template without a thinking mode, `thinking` blocks in the history, server-side
-tools the model cannot run); what cannot be honoured is a 400 in Anthropic's envelope (images and
+`thinking` on a template without a thinking mode, server-side tools the model cannot run).
+Reasoning comes back as `thinking` blocks (`thinking_delta` events when streaming), and thinking
+blocks an agent sends back reach the template as the assistant message's reasoning.; what cannot be honoured is a 400 in Anthropic's envelope (images and
 documents on this text-only model, a tool_choice naming a tool that is not offered)."""
 
 from __future__ import annotations
@@ -19,15 +20,15 @@ from fastapi import FastAPI, Request
 from fastapi.responses import StreamingResponse
 from pydantic import Field
 
-from app.engine.records import RequestRecord, StepRecord
+from app.chat.format import Call
+from app.chat.stream import CallEnd, Parsed, ReasoningDelta, TextDelta
+from app.engine.records import RequestRecord
 from app.errors import SpecdeckError
+from app.server.answer import Answer, Failure, Final, chat_prompt, render_prompt
 from app.server.core import (
     STREAM_HEADERS,
     Service,
-    chat_ids,
     check_model,
-    collect,
-    events,
     refuse_images,
     require_ready,
     stopping_error,
@@ -35,22 +36,14 @@ from app.server.core import (
 )
 from app.server.errors import ApiError, shaped
 from app.server.metrics import Metrics
-from app.server.scheduler import Done, Failed, Job
 from app.server.schemas import Sampling, StrictBody
 from app.server.settings import ServeSettings
-from app.server.structured import (
-    ToolCallHold,
-    json_grammar,
-    parse_tool_calls,
-    tool_call_grammar,
-)
-from app.server.textstream import TextStream
+from app.server.structured import json_grammar
 
-IGNORED_BLOCKS = {"thinking", "redacted_thinking", "server_tool_use", "web_search_tool_result",
+IGNORED_BLOCKS = {"redacted_thinking", "server_tool_use", "web_search_tool_result",
                   "web_fetch_tool_result", "code_execution_tool_result", "mcp_tool_use", "mcp_tool_result"}
 UNREADABLE_BLOCKS = {"image", "document"}
-STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "context": "max_tokens", "time_limit": "max_tokens",
-                "cancelled": "end_turn", "error": "end_turn"}
+STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
 
 
 class Message(StrictBody):
@@ -102,30 +95,34 @@ def add_anthropic_routes(app: FastAPI, settings: ServeSettings, service: Service
         sampling = _sampling(body, service.n_ctx)
         check_model(sampling, service, settings)
         tools = _tools(body, service)
-        ids = chat_ids(service, _chat_messages(body), tools, _thinking(body))
-        grammar = _forced_grammar(body, tools)
+        schema_grammar = _output_grammar(body)
+        forced = _forced(body, tools)
+        if schema_grammar is not None and forced:
+            raise ApiError(400, "output_config.format and a forced tool_choice cannot be combined", param="tool_choice")
+        prompt = chat_prompt(service, _chat_messages(body), tools, forced, _thinking(body),
+                             parallel=not (body.tool_choice and body.tool_choice.disable_parallel_tool_use))
+        grammar, triggers = (schema_grammar, ()) if schema_grammar is not None else (prompt.grammar, prompt.triggers)
         try:
-            job = submit(service, settings, metrics, sampling, ids, grammar)
+            job = submit(service, settings, metrics, sampling, prompt.ids, grammar, triggers=triggers)
         except ApiError as e:
             if e.status == 429:  # the queue is full: Anthropic's "overloaded", which its SDKs retry
                 raise ApiError(529, e.message, headers=e.headers) from None
             raise
-        text = TextStream(lambda t: service.tokenizer.piece_bytes(t), sampling.stops())
-        names = {t["name"] for t in tools}
+        answer = Answer(service, job, sampling.stops(), prompt.stream(service))
         if body.stream:
-            return StreamingResponse(_stream(request, job, text, service, names, len(ids)),
+            return StreamingResponse(_stream(request, answer, service, len(prompt.ids)),
                                      media_type="text/event-stream", headers=STREAM_HEADERS)
-        content, rec = await collect(request, job, text)
-        blocks, stop = _blocks(content, names, bool(tools))
+        final = await answer.whole(request)
         return {"id": "msg_" + job.id, "type": "message", "role": "assistant", "model": service.model_id,
-                "content": blocks, "stop_reason": stop or _stop_reason(text, rec),
-                "stop_sequence": text.stopped_by, "usage": _usage(rec)}
+                "content": _blocks(final.parsed), "stop_reason": _stop_reason(final),
+                "stop_sequence": final.stopped_by, "usage": _usage(final.record)}
 
     @app.post("/v1/messages/count_tokens")
     async def count_tokens(body: CountRequest):
         require_ready(service)
         tools = _tools(body, service)
-        return {"input_tokens": len(chat_ids(service, _chat_messages(body), tools, _thinking(body)))}
+        ids, _ = render_prompt(service, _chat_messages(body), tools, _thinking(body))
+        return {"input_tokens": len(ids)}
 
 
 # -- request -----------------------------------------------------------------------------------
@@ -137,9 +134,9 @@ def _sampling(body: MessagesRequest, n_ctx: int) -> Sampling:
 
 
 def _thinking(body: CountRequest) -> bool | None:
-    """`thinking` {"type": "enabled" | "disabled"}: the template's thinking mode, where it has one."""
+    """`thinking` {"type": "enabled" | "adaptive" | "disabled"}: the template's thinking mode, where it has one."""
     kind = (body.thinking or {}).get("type")
-    return {"enabled": True, "disabled": False}.get(kind) if isinstance(kind, str) else None
+    return {"enabled": True, "adaptive": True, "disabled": False}.get(kind) if isinstance(kind, str) else None
 
 
 def _text_of(blocks: str | list[dict], where: str) -> str:
@@ -174,6 +171,7 @@ def _one_message(m: Message, where: str) -> list[dict]:
     if isinstance(m.content, str):
         return [{"role": m.role, "content": m.content}]
     texts: list[str] = []
+    thoughts: list[str] = []
     calls: list[dict] = []
     results: list[dict] = []
     for j, b in enumerate(m.content):
@@ -181,6 +179,8 @@ def _one_message(m: Message, where: str) -> list[dict]:
         at = f"{where}.content.{j}"
         if kind == "text":
             texts.append(str(b.get("text", "")))
+        elif kind == "thinking" and m.role == "assistant":
+            thoughts.append(str(b.get("thinking", "")))
         elif kind == "tool_use" and m.role == "assistant":
             args = b.get("input") if isinstance(b.get("input"), dict) else {}
             calls.append({"id": b.get("id"), "type": "function", "function": {"name": b.get("name"), "arguments": args}})
@@ -198,6 +198,8 @@ def _one_message(m: Message, where: str) -> list[dict]:
             raise ApiError(400, f"{at}: content block type {kind!r} is not supported in a {m.role} message", param=at)
     if m.role == "assistant":
         msg: dict = {"role": "assistant", "content": "".join(texts)}
+        if thoughts:
+            msg["reasoning_content"] = "\n".join(thoughts)
         if calls:
             msg["tool_calls"] = calls
         return [msg]
@@ -211,7 +213,7 @@ def _tools(body: CountRequest, service: Service) -> list[dict]:
     own = [t for t in body.tools or [] if not t.is_server_tool]
     if not own or (choice is not None and choice.type == "none"):
         return []
-    if not service.tokenizer.supports_tools:
+    if not service.supports_tools:
         raise ApiError(400, "this model's chat template has no tool support: send the request without `tools`", param="tools")
     if choice is not None and choice.type == "tool" and choice.name not in {t.name for t in own}:
         raise ApiError(400, f"tool_choice names {choice.name!r}, which is not among the tools", param="tool_choice")
@@ -219,20 +221,23 @@ def _tools(body: CountRequest, service: Service) -> list[dict]:
             for t in own]
 
 
-def _forced_grammar(body: MessagesRequest, tools: list[dict]) -> str | None:
-    """tool_choice "any" (one of the tools) or "tool" (that one): the answer is a call; or
-    output_config.format json_schema: the answer is JSON valid against it. Both by grammar."""
+def _output_grammar(body: MessagesRequest) -> str | None:
+    """output_config.format json_schema: the answer is JSON valid against it (by grammar)."""
     fmt = (body.output_config or {}).get("format")
     if isinstance(fmt, dict) and fmt.get("type") == "json_schema":
         try:
             return json_grammar(fmt.get("schema"))
         except SpecdeckError as e:
             raise ApiError(400, e.message, param="output_config.format") from None
+    return None
+
+
+def _forced(body: MessagesRequest, tools: list[dict]) -> list[dict] | None:
+    """tool_choice "any" (one of the tools) or "tool" (that one): the answer is a call, by grammar."""
     choice = body.tool_choice
     if not tools or choice is None or choice.type in ("auto", "none"):
         return None
-    chosen = tools if choice.type == "any" else [t for t in tools if t["name"] == choice.name]
-    return tool_call_grammar(chosen)
+    return tools if choice.type == "any" else [t for t in tools if t["name"] == choice.name]
 
 
 # -- answer ------------------------------------------------------------------------------------
@@ -241,16 +246,19 @@ def _tool_use_id() -> str:
     return "toolu_" + os.urandom(12).hex()
 
 
-def _blocks(content: str, names: set[str], with_tools: bool) -> tuple[list[dict], str | None]:
-    """The answer's content blocks (text, then tool_use) and "tool_use" when it calls one."""
-    text, calls = parse_tool_calls(content, names) if with_tools else (content, [])
-    blocks = [{"type": "text", "text": text}] if text or not calls else []
-    blocks += [{"type": "tool_use", "id": _tool_use_id(), "name": c["name"], "input": c["arguments"]} for c in calls]
-    return blocks, "tool_use" if calls else None
+def _blocks(parsed: Parsed) -> list[dict]:
+    """The answer's content blocks: thinking, text, then tool_use."""
+    blocks = [{"type": "thinking", "thinking": parsed.reasoning, "signature": ""}] if parsed.reasoning else []
+    if parsed.content or not (parsed.calls or parsed.reasoning):
+        blocks.append({"type": "text", "text": parsed.content})
+    return blocks + [{"type": "tool_use", "id": _tool_use_id(), "name": c.name, "input": c.arguments}
+                     for c in parsed.calls]
 
 
-def _stop_reason(text: TextStream, rec: RequestRecord) -> str:
-    return "stop_sequence" if text.stopped else STOP_REASONS.get(rec.finish_reason or "stop", "end_turn")
+def _stop_reason(final: Final) -> str:
+    if final.stopped_by is not None:
+        return "stop_sequence"
+    return STOP_REASONS.get(final.finish, "end_turn")
 
 
 def _usage(rec: RequestRecord | None, n_prompt: int = 0, cached: int = 0) -> dict:
@@ -266,41 +274,52 @@ def _event(kind: str, data: dict) -> bytes:
 
 
 class _Blocks:
-    """The stream's content blocks: a text block opened at the first text, closed before a tool_use."""
+    """The stream's content blocks, one open at a time: thinking, text, tool_use in the order they come."""
 
     def __init__(self) -> None:
         self.index = -1
-        self.text_open = False
+        self.open: str | None = None  # "thinking" or "text"
+
+    def _switch(self, kind: str) -> list[bytes]:
+        if self.open == kind:
+            return []
+        out = self.close()
+        self.index += 1
+        self.open = kind
+        start = {"type": "thinking", "thinking": "", "signature": ""} if kind == "thinking" else {"type": "text", "text": ""}
+        return out + [_event("content_block_start", {"index": self.index, "content_block": start})]
+
+    def thinking(self, delta: str) -> list[bytes]:
+        return self._switch("thinking") + [
+            _event("content_block_delta", {"index": self.index, "delta": {"type": "thinking_delta", "thinking": delta}})]
 
     def text(self, delta: str) -> list[bytes]:
-        out = []
-        if not self.text_open:
-            self.index += 1
-            self.text_open = True
-            out.append(_event("content_block_start", {"index": self.index, "content_block": {"type": "text", "text": ""}}))
-        out.append(_event("content_block_delta", {"index": self.index, "delta": {"type": "text_delta", "text": delta}}))
-        return out
+        return self._switch("text") + [
+            _event("content_block_delta", {"index": self.index, "delta": {"type": "text_delta", "text": delta}})]
 
-    def close_text(self) -> list[bytes]:
-        if not self.text_open:
+    def close(self) -> list[bytes]:
+        if self.open is None:
             return []
-        self.text_open = False
-        return [_event("content_block_stop", {"index": self.index})]
+        out = []
+        if self.open == "thinking":  # Anthropic ends a thinking block with its signature (none here)
+            out.append(_event("content_block_delta", {"index": self.index, "delta": {"type": "signature_delta", "signature": ""}}))
+        self.open = None
+        return out + [_event("content_block_stop", {"index": self.index})]
 
-    def tool_use(self, call: dict) -> list[bytes]:
+    def tool_use(self, call: Call) -> list[bytes]:
+        out = self.close()
         self.index += 1
-        start = {"type": "tool_use", "id": _tool_use_id(), "name": call["name"], "input": {}}
-        return [_event("content_block_start", {"index": self.index, "content_block": start}),
-                _event("content_block_delta", {"index": self.index, "delta": {
-                    "type": "input_json_delta", "partial_json": json.dumps(call["arguments"])}}),
-                _event("content_block_stop", {"index": self.index})]
+        start = {"type": "tool_use", "id": _tool_use_id(), "name": call.name, "input": {}}
+        return out + [_event("content_block_start", {"index": self.index, "content_block": start}),
+                      _event("content_block_delta", {"index": self.index, "delta": {
+                          "type": "input_json_delta", "partial_json": call.arguments_json}}),
+                      _event("content_block_stop", {"index": self.index})]
 
 
-async def _stream(request: Request, job: Job, text: TextStream, service: Service, names: set[str],
-                  n_prompt: int) -> AsyncIterator[bytes]:
-    """Anthropic's event sequence: message_start, ping, content blocks (text deltas; a tool call as
-    one input_json_delta once it is whole), message_delta (stop reason, usage), message_stop."""
-    hold, blocks, started = ToolCallHold(bool(names)), _Blocks(), False
+async def _stream(request: Request, answer: Answer, service: Service, n_prompt: int) -> AsyncIterator[bytes]:
+    """Anthropic's event sequence: message_start, ping, content blocks (thinking and text deltas; a tool
+    call as one input_json_delta once it is whole), message_delta (stop reason, usage), message_stop."""
+    blocks, started, job = _Blocks(), False, answer.job
 
     def start() -> bytes:
         cached = job.slot.record.reused_tokens if job.slot is not None and job.slot.record is not None else 0
@@ -308,36 +327,32 @@ async def _stream(request: Request, job: Job, text: TextStream, service: Service
                    "content": [], "stop_reason": None, "stop_sequence": None, "usage": _usage(None, n_prompt, cached)}
         return _event("message_start", {"message": message}) + _event("ping", {})
 
-    async for event in events(request, job):
-        if not started and not isinstance(event, Failed):
+    async for item in answer.stream(request):
+        if not started and not isinstance(item, Failure):
             started = True
             yield start()
-        if isinstance(event, StepRecord):
-            delta = hold.push(text.push(event.tokens))
-            if text.stopped:
-                job.cancel()
-            for chunk in blocks.text(delta) if delta else []:
-                yield chunk
-        elif isinstance(event, Failed):
-            yield _event("error", {"error": shaped("/v1/messages", ApiError(event.status, event.message))["error"]})
+        out: list[bytes] = []
+        if isinstance(item, ReasoningDelta):
+            out = blocks.thinking(item.text)
+        elif isinstance(item, TextDelta):
+            out = blocks.text(item.text)
+        elif isinstance(item, CallEnd):
+            out = blocks.tool_use(item.call)
+        elif isinstance(item, Failure):
+            yield _event("error", {"error": shaped("/v1/messages", ApiError(item.status, item.message))["error"]})
             return
-        elif isinstance(event, Done):
-            rec = event.record
-            tail = hold.push(text.flush())
-            content, calls = parse_tool_calls(hold.held, names) if hold.held else (None, [])
-            tail += content or ""
-            for chunk in blocks.text(tail) if tail or (blocks.index < 0 and not calls) else []:
+        elif isinstance(item, Final):
+            if blocks.index < 0 and item.finish != "abort":  # an empty answer is still one (empty) text block
+                out += blocks.text("")
+            out += blocks.close()
+            for chunk in out:
                 yield chunk
-            for chunk in blocks.close_text():
-                yield chunk
-            for call in calls:
-                for chunk in blocks.tool_use(call):
-                    yield chunk
-            if rec.finish_reason == "shutdown":  # the server stopped mid-answer: Anthropic's overload error ends it
+            if item.finish == "abort":  # the server stopped mid-answer: Anthropic's overload error ends it
                 yield _event("error", {"error": shaped("/v1/messages", stopping_error())["error"]})
                 return
-            stop = "tool_use" if calls else _stop_reason(text, rec)
-            yield _event("message_delta", {"delta": {"stop_reason": stop, "stop_sequence": text.stopped_by},
-                                           "usage": _usage(rec)})
+            yield _event("message_delta", {"delta": {"stop_reason": _stop_reason(item), "stop_sequence": item.stopped_by},
+                                           "usage": _usage(item.record)})
             yield _event("message_stop", {})
-
+            return
+        for chunk in out:
+            yield chunk

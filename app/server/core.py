@@ -17,11 +17,12 @@ import psutil
 from fastapi import Request
 
 from app import __version__
+from app.chat.spec import ChatSpec
 from app.engine.embed import Embedder
 from app.engine.engine import Request as EngineRequest
 from app.engine.engine import SpecParams
-from app.engine.records import RequestRecord, StepRecord
-from app.engine.sampling import SamplingParams
+from app.engine.records import RequestRecord
+from app.engine.sampling import SamplingParams, check_grammar
 from app.engine.text import Tokenizer
 from app.plan.hardware import read_gpus
 from app.plan.planner import Plan
@@ -40,7 +41,6 @@ from app.server.scheduler import (
 from app.server.schemas import MAX_STOP_STRINGS, Sampling
 from app.server.settings import ServeSettings
 from app.server.stats import LiveStats
-from app.server.textstream import TextStream
 from app.server.watch import AlertWatcher
 
 log = logging.getLogger("specdeck.server")
@@ -86,24 +86,6 @@ def refuse_images(what: str = "messages") -> ApiError:
                     code="image_not_supported")
 
 
-def chat_ids(service: Service, messages: list[dict], tools: list[dict] | None = None,
-             thinking: bool | None = None) -> list[int]:
-    """Messages through the model's own chat template. An assistant message last is continued
-    (prefill): the rest is rendered with the generation prompt and its text follows unclosed."""
-    tok = service.tokenizer
-    prefill = messages[-1]["role"] == "assistant" if messages else False
-    if prefill and messages[-1].get("tool_calls"):
-        raise ApiError(400, "a final assistant message with tool calls cannot be continued", param="messages")
-    head = messages[:-1] if prefill else messages
-    try:
-        ids = tok.chat_tokens(head, [{"type": "function", "function": t} for t in tools or []], thinking)
-    except Exception as e:  # noqa: BLE001 - a template that cannot render these messages
-        raise ApiError(400, f"cannot render these messages with the model's chat template: {e}") from None
-    if prefill and messages[-1].get("content"):
-        ids += tok.encode(messages[-1]["content"], add_special=False, parse_special=False)
-    return ids
-
-
 def fim_tokens(tok: Tokenizer, prefix: str, suffix: str, extra) -> list[int]:
     import llama_cpp
 
@@ -122,7 +104,7 @@ def fim_tokens(tok: Tokenizer, prefix: str, suffix: str, extra) -> list[int]:
 
 
 def engine_request(body: Sampling, ids: list[int], service: Service, settings: ServeSettings,
-                    grammar: str | None = None) -> EngineRequest:
+                    grammar: str | None = None, triggers: tuple[str, ...] = ()) -> EngineRequest:
     n_ctx = service.n_ctx
     if len(ids) >= n_ctx:
         raise context_error(len(ids), n_ctx)
@@ -148,7 +130,7 @@ def engine_request(body: Sampling, ids: list[int], service: Service, settings: S
                                 repeat_penalty=body.repeat_penalty, frequency_penalty=body.frequency_penalty,
                                 presence_penalty=body.presence_penalty,
                                 seed=body.seed if body.seed is not None and body.seed >= 0 else int.from_bytes(os.urandom(4), "little"),
-                                grammar=grammar),
+                                grammar=grammar, grammar_triggers=triggers if grammar else ()),
         speculative=SpecParams(enabled=enabled and n_max > 0, n_max=min(n_max, limit)),
         stop_tokens=set() if body.ignore_eos else service.tokenizer.stop_tokens,
         partition=key if spec is None or spec.cross_request else None,
@@ -204,8 +186,8 @@ STREAM_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
 def submit(service: Service, settings: ServeSettings, metrics: Metrics, body: Sampling, ids: list[int],
-            grammar: str | None, quiet: bool | None = None) -> Job:
-    req = engine_request(body, ids, service, settings, grammar)
+            grammar: str | None, quiet: bool | None = None, triggers: tuple[str, ...] = ()) -> Job:
+    req = engine_request(body, ids, service, settings, grammar, triggers)
     if quiet is None:  # a whole answer with no stop string to watch: no per-step events
         quiet = not body.stream and not body.stops()
     job = Job(req, asyncio.get_running_loop(), time.monotonic() + settings.request_timeout, quiet=quiet,
@@ -226,39 +208,11 @@ def stopping_error() -> ApiError:
     return ApiError(503, SHUTTING_DOWN, "server_error", headers={"Retry-After": "5"})
 
 
-async def collect(request: Request, job: Job, text: TextStream) -> tuple[str, RequestRecord]:
-    """The whole answer of a job (not streamed); a failed job is raised as its API error."""
-    parts, record, failed = [], None, None
-    async for event in events(request, job):
-        if isinstance(event, StepRecord):
-            parts.append(text.push(event.tokens))
-            if text.stopped:
-                job.cancel()
-        elif isinstance(event, Done):
-            record = event.record
-            if job.quiet:  # no steps were sent: the whole answer at once
-                parts.append(text.push(record.completion))
-        elif isinstance(event, Failed):
-            failed = event
-    if failed is not None:
-        raise failed_error(failed)
-    if record is None:
-        raise ApiError(499, "client closed the request")
-    if record.finish_reason == "shutdown":  # cut short by a stop: the part generated is no answer
-        raise stopping_error()
-    parts.append(text.flush())
-    return "".join(parts), record
-
-
 def failed_error(failed: Failed) -> ApiError:
     """A job the scheduler could not serve, as an API error (busy and unavailable say when to retry)."""
     kind = "server_error" if failed.status >= 500 else "rate_limit_error" if failed.status == 429 else "invalid_request_error"
     retry = {429: "1", 503: "5"}.get(failed.status)
     return ApiError(failed.status, failed.message, kind, headers={"Retry-After": retry} if retry else None)
-
-
-def finish_reason(text: TextStream, record: RequestRecord) -> str:
-    return "stop" if text.stopped else FINISH.get(record.finish_reason or "stop", "stop")
 
 
 def finished(metrics: Metrics, settings: ServeSettings, service: Service, job: Job, rec: RequestRecord) -> None:
@@ -384,6 +338,26 @@ class Service:
     fallback: dict | None = None  # {"from": revision, "reason": ...} when it serves in place of a failed start
     machine: dict = field(default_factory=dict)  # CPU, cores, GPUs, build: what a baseline is tied to
     digests: dict = field(default_factory=dict)  # role -> SHA-256 of the model files
+    chat: ChatSpec = field(default_factory=ChatSpec)  # the chat template's format (tool calls, reasoning)
+    markup_ids: set = field(default_factory=set)  # special tokens the chat format's markup is made of
+
+    def use_chat(self, spec: ChatSpec) -> None:
+        """Serve answers in this chat format (its markup shown in the text even where it is special tokens)."""
+        self.chat = spec
+        self.markup_ids = self.tokenizer.markup_tokens(spec.markup) if self.tokenizer is not None else set()
+
+    @property
+    def supports_tools(self) -> bool:
+        """Can tools be offered: the template renders them, or the chat format writes them in itself."""
+        fmt = self.chat.tools
+        return self.tokenizer is not None and (self.tokenizer.supports_tools or (fmt is not None and not fmt.native))
+
+    def piece(self, token: int) -> bytes:
+        """A token's text in an answer (the chat format's markup tokens included)."""
+        return self.tokenizer.piece_bytes(token, special=token in self.markup_ids)
+
+    def check_grammar(self, grammar: str, triggers: tuple[str, ...] = ()) -> None:
+        check_grammar(self.tokenizer.vocab, grammar, triggers)
 
     @property
     def fingerprint(self) -> str:

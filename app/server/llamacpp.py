@@ -16,16 +16,15 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import Field
 
 from app import __version__
-from app.engine.records import RequestRecord, StepRecord
+from app.chat.stream import TextDelta
 from app.engine.sampling import check_grammar
 from app.engine.text import Tokenizer
 from app.errors import SpecdeckError
+from app.server.answer import Answer, Failure, Final
 from app.server.core import (
     STREAM_HEADERS,
     Service,
     check_vocab,
-    events,
-    failed_error,
     fim_tokens,
     require_ready,
     stopping_error,
@@ -34,11 +33,9 @@ from app.server.core import (
 )
 from app.server.errors import ApiError
 from app.server.metrics import Metrics
-from app.server.scheduler import Done, Failed, Job
 from app.server.schemas import ChatMessage, Sampling, StrictBody
 from app.server.settings import ServeSettings
 from app.server.structured import json_grammar
-from app.server.textstream import TextStream
 
 STOP_TYPES = {"stop": "eos", "length": "limit", "context": "limit", "time_limit": "limit", "cancelled": "none",
               "error": "none", "shutdown": "none"}
@@ -208,13 +205,14 @@ class _Budget:
         return self.hit
 
 
-def _final(body: NativeSampling, service: Service, rec: RequestRecord, text: TextStream,
-           budget: _Budget, content: str) -> dict:
-    stop_type = "word" if text.stopped else "limit" if budget.hit else STOP_TYPES.get(rec.finish_reason or "stop", "none")
+def _final(body: NativeSampling, service: Service, final: Final, budget: _Budget, content: str) -> dict:
+    rec = final.record
+    stop_type = ("word" if final.stopped_by is not None else "limit" if budget.hit
+                 else STOP_TYPES.get(rec.finish_reason or "stop", "none"))
     out = {"content": content, "id_slot": 0, "stop": True, "model": service.model_id,
            "tokens_predicted": len(rec.completion), "tokens_evaluated": rec.prompt_tokens,
            "tokens_cached": rec.reused_tokens + len(rec.completion), "truncated": False, "stop_type": stop_type,
-           "stopping_word": text.stopped_by or "", "has_new_line": "\n" in content,
+           "stopping_word": final.stopped_by or "", "has_new_line": "\n" in content,
            "generation_settings": _generation_settings(body, service), "timings": timings(rec),
            "tokens": rec.completion if body.return_tokens else []}
     if body.n_probs:
@@ -228,51 +226,44 @@ async def _native(request: Request, service: Service, settings: ServeSettings, m
         body = body.model_copy(update={"logprobs": body.n_probs})
     job = submit(service, settings, metrics, body, ids, _grammar(body, service),
                  quiet=False if body.t_max_predict_ms else None)
-    text, budget = TextStream(lambda t: service.tokenizer.piece_bytes(t), body.stops()), _Budget(body.t_max_predict_ms)
+    answer, budget = Answer(service, job, body.stops(), every_step=True), _Budget(body.t_max_predict_ms)
     if body.stream:
-        return StreamingResponse(_stream(request, job, text, budget, body, service), media_type="text/event-stream",
+        return StreamingResponse(_stream(request, answer, budget, body, service), media_type="text/event-stream",
                                  headers=STREAM_HEADERS)
-    parts, rec = [], None
-    async for event in events(request, job):
-        if isinstance(event, StepRecord):
-            parts.append(text.push(event.tokens))
-            if text.stopped or budget.over(parts[-1]):
+    parts, final = [], None
+    async for item in answer.stream(request):
+        if isinstance(item, TextDelta):
+            parts.append(item.text)
+            if budget.over(item.text):
                 job.cancel()
-        elif isinstance(event, Failed):
-            raise failed_error(event)
-        elif isinstance(event, Done):
-            rec = event.record
-            if job.quiet:
-                parts.append(text.push(rec.completion))
-    if rec is None:
+        elif isinstance(item, Failure):
+            raise item.error()
+        elif isinstance(item, Final):
+            final = item
+    if final is None:
         raise ApiError(499, "client closed the request")
-    if rec.finish_reason == "shutdown":
+    if final.finish == "abort":
         raise stopping_error()
-    parts.append(text.flush())
-    return _final(body, service, rec, text, budget, "".join(parts))
+    return _final(body, service, final, budget, "".join(parts))
 
 
-async def _stream(request: Request, job: Job, text: TextStream, budget: _Budget, body: NativeSampling,
+async def _stream(request: Request, answer: Answer, budget: _Budget, body: NativeSampling,
                   service: Service) -> AsyncIterator[bytes]:
     sse = lambda obj: f"data: {json.dumps(obj)}\n\n".encode()  # noqa: E731
-    sent = []
-    async for event in events(request, job):
-        if isinstance(event, StepRecord):
-            delta = text.push(event.tokens)
-            if text.stopped or budget.over(delta):
-                job.cancel()
-            sent.append(delta)
-            chunk = {"content": delta, "tokens": event.tokens, "stop": False,  # llama-server sends them in every chunk
+    async for item in answer.stream(request):
+        if isinstance(item, TextDelta):
+            if budget.over(item.text):
+                answer.job.cancel()
+            chunk = {"content": item.text, "tokens": answer.step_tokens, "stop": False,  # llama-server sends them in every chunk
                      "id_slot": 0, "index": 0}
             if body.n_probs:
-                chunk["completion_probabilities"] = _probs(service.tokenizer, event.logprobs or [])
+                chunk["completion_probabilities"] = _probs(service.tokenizer, answer.take_logprobs())
             yield sse(chunk)
-        elif isinstance(event, Failed):
-            yield sse({"error": {"code": event.status, "message": event.message, "type": "server_error"}})
+        elif isinstance(item, Failure):
+            yield sse({"error": {"code": item.status, "message": item.message, "type": "server_error"}})
             return
-        elif isinstance(event, Done):
-            tail = text.flush()
-            final = _final(body, service, event.record, text, budget, tail)
+        elif isinstance(item, Final):
+            final = _final(body, service, item, budget, "")
             final.pop("completion_probabilities", None)
             final["tokens"] = []
             yield sse(final)
@@ -295,7 +286,8 @@ def _props(service: Service, settings: ServeSettings) -> dict:
             "total_slots": len(service.scheduler.engine.slots), "model_alias": service.model_id,
             "model_path": str(service.models.get("target") or ""), "modalities": {"vision": False, "audio": False},
             "endpoint_slots": settings.slots_endpoint, "endpoint_props": True, "endpoint_metrics": True,
-            "chat_template": tok.chat_template or "", "chat_template_caps": {"supports_tools": tok.supports_tools},
+            "chat_template": tok.chat_template or "", "chat_template_caps": {"supports_tools": service.supports_tools, "supports_reasoning": service.chat.reasoning is not None},
+            "chat_format": service.chat.name,
             "bos_token": tok.piece(tok.bos), "eos_token": tok.piece(tok.eos),
             "build_info": f"specdeck {__version__}", "is_sleeping": False}
 

@@ -14,26 +14,24 @@ from fastapi import FastAPI, Request
 from fastapi.responses import StreamingResponse
 from pydantic import Field
 
-from app.engine.records import RequestRecord, StepRecord
+from app.chat.format import Call
+from app.chat.stream import CallEnd, ChatStream, ReasoningDelta, TextDelta
+from app.engine.records import RequestRecord
 from app.engine.text import Tokenizer
 from app.errors import SpecdeckError
+from app.server.answer import Answer, Failure, Final, chat_prompt, render_prompt
 from app.server.core import (
     STREAM_HEADERS,
     Service,
-    collect,
-    events,
     fim_tokens,
-    finish_reason,
     require_ready,
     submit,
 )
 from app.server.errors import ApiError
 from app.server.metrics import Metrics
-from app.server.scheduler import Done, Failed
 from app.server.schemas import Sampling, StrictBody, Tool
 from app.server.settings import ServeSettings
-from app.server.structured import ToolCallHold, json_grammar, parse_tool_calls
-from app.server.textstream import TextStream
+from app.server.structured import json_grammar
 
 API_VERSION = "0.12.0"  # the Ollama API level these routes follow (clients check it for features)
 
@@ -69,6 +67,7 @@ class GenerateRequest(StrictBody):
     keep_alive: str | int | None = None
     logprobs: bool = False
     top_logprobs: int = Field(0, ge=0, le=20)
+    think: bool | Literal["high", "medium", "low"] | None = None
 
 
 class ToolCallFunction(StrictBody):
@@ -86,6 +85,7 @@ class Message(StrictBody):
     images: list[str] | None = None
     tool_calls: list[ToolCallIn] | None = None
     tool_name: str | None = None
+    thinking: str | None = None  # an earlier answer's reasoning, sent back
 
 
 class ChatRequest(StrictBody):
@@ -96,6 +96,7 @@ class ChatRequest(StrictBody):
     options: Options | None = None
     stream: bool = True
     keep_alive: str | int | None = None
+    think: bool | Literal["high", "medium", "low"] | None = None  # the template's thinking switch (levels: on)
     logprobs: bool = False
     top_logprobs: int = Field(0, ge=0, le=20)
 
@@ -132,7 +133,7 @@ def add_ollama_routes(app: FastAPI, settings: ServeSettings, service: Service, m
         d = service.details
         arch = d.get("architecture", "")
         caps = ["completion"]
-        if service.tokenizer is not None and service.tokenizer.supports_tools:
+        if service.tokenizer is not None and service.supports_tools:
             caps.append("tools")
         if service.tokenizer is not None and _has_fim(service):
             caps.append("insert")
@@ -153,25 +154,31 @@ def add_ollama_routes(app: FastAPI, settings: ServeSettings, service: Service, m
             require_ready(service)
             return {"model": body.model, "created_at": _now(), "response": "", "done": True, "done_reason": "load"}
         require_ready(service)
-        ids = _generate_tokens(service, body)
+        ids, chat = _generate_tokens(service, body)
         sampling = _sampling(body.options, body.stream, body.logprobs, body.top_logprobs)
         grammar = _format_grammar(body.format)
         job = submit(service, settings, metrics, sampling, ids, grammar)
-        text = TextStream(lambda t: service.tokenizer.piece_bytes(t), sampling.stops())
+        answer = Answer(service, job, sampling.stops(), chat)
 
-        def final(rec: RequestRecord, reason: str) -> dict:
-            return {"model": body.model, "created_at": _now(), "response": "", "done": True, "done_reason": reason,
-                    "context": ids + rec.completion, **_durations(rec)}
+        def final(f: Final) -> dict:
+            return {"model": body.model, "created_at": _now(), "response": "", "done": True, "done_reason": _done_reason(f),
+                    "context": ids + f.record.completion, **_durations(f.record)}
+
+        def chunk(kind: str, value) -> dict:
+            out = {"model": body.model, "created_at": _now(), "response": value if kind == "content" else "", "done": False}
+            if kind == "thinking":
+                out["thinking"] = value
+            return out
 
         if body.stream:
-            chunk = lambda delta: {"model": body.model, "created_at": _now(), "response": delta, "done": False}  # noqa: E731
-            return _ndjson(_stream(request, job, text, ToolCallHold(False), chunk, lambda rec, reason, _held: final(rec, reason),
-                                   service.tokenizer if body.logprobs else None))
-        content, rec = await collect(request, job, text)
-        out = final(rec, finish_reason(text, rec))
-        out["response"] = content
+            return _ndjson(_stream(request, answer, chunk, final, service.tokenizer if body.logprobs else None))
+        f = await answer.whole(request)
+        out = final(f)
+        out["response"] = f.parsed.content
+        if f.parsed.reasoning:
+            out["thinking"] = f.parsed.reasoning
         if body.logprobs:
-            out["logprobs"] = _logprobs(service.tokenizer, rec.logprobs)
+            out["logprobs"] = _logprobs(service.tokenizer, f.record.logprobs)
         return out
 
     @app.post("/api/chat")
@@ -185,40 +192,39 @@ def add_ollama_routes(app: FastAPI, settings: ServeSettings, service: Service, m
         if any(m.images for m in body.messages):
             raise ApiError(400, "this model does not take images")
         tools = [t.function.model_dump(exclude_none=True) for t in body.tools or []]
-        if tools and not service.tokenizer.supports_tools:
+        if tools and not service.supports_tools:
             raise ApiError(400, f"{body.model} does not support tools")
-        messages = [_message(m) for m in body.messages]
-        try:
-            ids = service.tokenizer.chat_tokens(messages, [{"type": "function", "function": t} for t in tools])
-        except Exception as e:  # noqa: BLE001 - a template that cannot render these messages
-            raise ApiError(400, f"cannot render these messages with the model's chat template: {e}") from None
+        think = None if body.think is None else body.think is not False
+        prompt = chat_prompt(service, [_message(m) for m in body.messages], tools, None, think)
+        format_grammar = _format_grammar(body.format)
+        grammar, triggers = (format_grammar, ()) if format_grammar is not None else (prompt.grammar, prompt.triggers)
         sampling = _sampling(body.options, body.stream, body.logprobs, body.top_logprobs)
-        job = submit(service, settings, metrics, sampling, ids, _format_grammar(body.format))
-        text = TextStream(lambda t: service.tokenizer.piece_bytes(t), sampling.stops())
-        names = {t["name"] for t in tools}
+        job = submit(service, settings, metrics, sampling, prompt.ids, grammar, triggers=triggers)
+        answer = Answer(service, job, sampling.stops(), prompt.stream(service))
 
-        def message(content: str, calls: list[dict]) -> dict:
-            m: dict = {"role": "assistant", "content": content}
-            if calls:
-                m["tool_calls"] = [{"function": {"name": c["name"], "arguments": c["arguments"]}} for c in calls]
-            return m
+        def final(f: Final) -> dict:
+            return {"model": body.model, "created_at": _now(), "message": {"role": "assistant", "content": ""},
+                    "done": True, "done_reason": _done_reason(f), **_durations(f.record)}
 
-        def final(rec: RequestRecord, reason: str, held: str) -> dict:
-            content, calls = parse_tool_calls(held, names) if held else (held, [])
-            return {"model": body.model, "created_at": _now(), "message": message(content or "", calls),
-                    "done": True, "done_reason": reason, **_durations(rec)}
+        def chunk(kind: str, value) -> dict:
+            message: dict = {"role": "assistant", "content": value if kind == "content" else ""}
+            if kind == "thinking":
+                message["thinking"] = value
+            elif kind == "call":
+                message["tool_calls"] = [_ollama_call(value)]
+            return {"model": body.model, "created_at": _now(), "message": message, "done": False}
 
         if body.stream:
-            chunk = lambda delta: {"model": body.model, "created_at": _now(),  # noqa: E731
-                                   "message": {"role": "assistant", "content": delta}, "done": False}
-            return _ndjson(_stream(request, job, text, ToolCallHold(bool(tools)), chunk, final,
-                                   service.tokenizer if body.logprobs else None))
-        content, rec = await collect(request, job, text)
-        content, calls = parse_tool_calls(content, names) if tools else (content, [])
-        out = {"model": body.model, "created_at": _now(), "message": message(content or "", calls), "done": True,
-               "done_reason": finish_reason(text, rec), **_durations(rec)}
+            return _ndjson(_stream(request, answer, chunk, final, service.tokenizer if body.logprobs else None))
+        f = await answer.whole(request)
+        out = final(f)
+        out["message"]["content"] = f.parsed.content
+        if f.parsed.reasoning:
+            out["message"]["thinking"] = f.parsed.reasoning
+        if f.parsed.calls:
+            out["message"]["tool_calls"] = [_ollama_call(c) for c in f.parsed.calls]
         if body.logprobs:
-            out["logprobs"] = _logprobs(service.tokenizer, rec.logprobs)
+            out["logprobs"] = _logprobs(service.tokenizer, f.record.logprobs)
         return out
 
 
@@ -289,8 +295,19 @@ def _format_grammar(fmt: str | dict | None) -> str | None:
         raise ApiError(400, e.message, param="format") from None
 
 
-def _generate_tokens(service: Service, body: GenerateRequest) -> list[int]:
+def _ollama_call(call: Call) -> dict:
+    return {"function": {"name": call.name, "arguments": call.arguments}}
+
+
+def _done_reason(f: Final) -> str:
+    """Ollama's done_reason: stop (a call too), length, or abort (the server stopped)."""
+    return "stop" if f.finish == "tool_calls" else f.finish
+
+
+def _generate_tokens(service: Service, body: GenerateRequest) -> tuple[list[int], ChatStream | None]:
+    """The prompt's ids, and the chat format's parser when the prompt went through the template."""
     tok = service.tokenizer
+    chat = None
     if body.suffix is not None:
         ids = fim_tokens(tok, body.prompt, body.suffix, [])
     elif body.raw or not tok.chat_template:
@@ -298,7 +315,9 @@ def _generate_tokens(service: Service, body: GenerateRequest) -> list[int]:
     else:
         messages = ([{"role": "system", "content": body.system}] if body.system else []) + [
             {"role": "user", "content": body.prompt}]
-        ids = tok.chat_tokens(messages)
+        think = None if body.think is None else body.think is not False
+        ids, started = render_prompt(service, messages, [], think)
+        chat = ChatStream(service.chat, None, started)
         if body.context and ids and tok.add_bos and ids[0] == tok.bos:
             ids = ids[1:]
     if body.context:
@@ -308,7 +327,7 @@ def _generate_tokens(service: Service, body: GenerateRequest) -> list[int]:
         ids = list(body.context) + ids
     if len(ids) >= service.n_ctx:
         raise ApiError(400, f"the prompt is {len(ids):,} tokens; this server's context is {service.n_ctx:,} tokens")
-    return ids
+    return ids, chat
 
 
 def _message(m: Message) -> dict:
@@ -318,6 +337,8 @@ def _message(m: Message) -> dict:
                            for c in m.tool_calls]
     if m.tool_name:
         d["name"] = m.tool_name
+    if m.thinking:
+        d["reasoning_content"] = m.thinking
     return d
 
 
@@ -345,28 +366,24 @@ def _logprobs(tok: Tokenizer, lps: list) -> list[dict]:
     return [{**entry(x.token, x.logprob), "top_logprobs": [entry(t, lp) for t, lp in x.top]} for x in lps]
 
 
-async def _stream(request: Request, job, text: TextStream, hold: ToolCallHold, chunk: Callable[[str], dict],
-                  final: Callable[[RequestRecord, str, str], dict], lp_tok: Tokenizer | None = None) -> AsyncIterator[dict]:
-    pending: list = []  # log-probabilities of tokens whose text has not gone out yet
-    async for event in events(request, job):
-        if isinstance(event, StepRecord):
-            pending += event.logprobs or []
-            delta = hold.push(text.push(event.tokens))
-            if text.stopped:
-                job.cancel()
-            if delta:
-                obj = chunk(delta)
-                if lp_tok is not None:
-                    obj["logprobs"], pending = _logprobs(lp_tok, pending), []
-                yield obj
-        elif isinstance(event, Failed):
-            yield {"error": event.message}
+async def _stream(request: Request, answer: Answer, chunk: Callable[[str, object], dict],
+                  final: Callable[[Final], dict], lp_tok: Tokenizer | None = None) -> AsyncIterator[dict]:
+    async for item in answer.stream(request):
+        if isinstance(item, TextDelta):
+            obj = chunk("content", item.text)
+            if lp_tok is not None:
+                obj["logprobs"] = _logprobs(lp_tok, answer.take_logprobs())
+            yield obj
+        elif isinstance(item, ReasoningDelta):
+            yield chunk("thinking", item.text)
+        elif isinstance(item, CallEnd):
+            yield chunk("call", item.call)
+        elif isinstance(item, Failure):
+            yield {"error": item.message}
             return
-        elif isinstance(event, Done):
-            tail = hold.push(text.flush())
-            if tail:
-                yield chunk(tail)
-            last = final(event.record, finish_reason(text, event.record), hold.held)
+        elif isinstance(item, Final):
+            last = final(item)
+            pending = answer.take_logprobs()
             if lp_tok is not None and pending:
                 last["logprobs"] = _logprobs(lp_tok, pending)
             yield last

@@ -12,20 +12,18 @@ from collections.abc import AsyncIterator
 from fastapi import FastAPI, Request
 from fastapi.responses import StreamingResponse
 
-from app.engine.records import StepRecord
+from app.chat.format import Call
+from app.chat.stream import CallEnd, ChatStream, ReasoningDelta, TextDelta
 from app.engine.sampling import check_grammar
 from app.engine.text import Tokenizer
 from app.errors import SpecdeckError
+from app.server.answer import Answer, ChatPrompt, Failure, Final, chat_prompt, render_prompt, thinking_of
 from app.server.core import (
     STREAM_HEADERS,
     Service,
-    chat_ids,
     check_model,
     check_vocab,
-    collect,
-    events,
     fim_tokens,
-    finish_reason,
     refuse_images,
     require_ready,
     submit,
@@ -34,17 +32,9 @@ from app.server.core import (
 )
 from app.server.errors import ApiError, error_body
 from app.server.metrics import Metrics
-from app.server.scheduler import Done, Failed, Job
 from app.server.schemas import ChatRequest, CompletionRequest, Sampling
 from app.server.settings import ServeSettings
-from app.server.structured import (
-    ToolCallHold,
-    openai_tool_calls,
-    parse_tool_calls,
-    response_format_grammar,
-    tool_call_grammar,
-)
-from app.server.textstream import TextStream
+from app.server.structured import response_format_grammar
 
 log = logging.getLogger("specdeck.server")
 
@@ -57,17 +47,22 @@ def add_openai_routes(app: FastAPI, settings: ServeSettings, service: Service, m
         require_ready(service)
         check_model(body, service, settings)
         _check_budget(body)
-        tools = _active_tools(body, service.tokenizer)
-        messages = _chat_messages(body)
-        ids = chat_ids(service, messages, tools)
-        grammar = _grammar(body, service, _forced_tools(body, tools))
-        return await _generate(request, service, settings, metrics, body, ids, "chat", grammar, tools)
+        prompt = _chat_prompt(body, service)
+        other = _grammar(body, service)
+        if other is not None and prompt.grammar is not None and not prompt.triggers:
+            other_name = "grammar" if body.grammar is not None else "response_format"
+            raise ApiError(400, f"{other_name} and tool_choice cannot be combined", param="tool_choice")
+        grammar, triggers = (other, ()) if other is not None else (prompt.grammar, prompt.triggers)
+        return await _generate(request, service, settings, metrics, body, prompt.ids, "chat", grammar,
+                               chat=prompt.stream(service), triggers=triggers)
 
     @app.post("/v1/chat/completions/input_tokens")
     async def chat_input_tokens(body: ChatRequest):
         """llama-server's count of a chat request's prompt tokens, through the model's template."""
         require_ready(service)
-        return {"input_tokens": len(chat_ids(service, _chat_messages(body), _active_tools(body, service.tokenizer)))}
+        ids, _ = render_prompt(service, _chat_messages(body), _active_tools(body, service), _thinking(body),
+                               body.chat_template_kwargs)
+        return {"input_tokens": len(ids)}
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
@@ -78,6 +73,16 @@ def add_openai_routes(app: FastAPI, settings: ServeSettings, service: Service, m
         prompt = _prompt_text(service.tokenizer, body, ids)
         return await _generate(request, service, settings, metrics, body, ids, "text", _grammar(body, service),
                                echo=prompt if body.echo else "", offset=len(prompt))
+
+
+def _thinking(body: ChatRequest) -> bool | None:
+    return thinking_of(body.reasoning_effort, body.chat_template_kwargs)
+
+
+def _chat_prompt(body: ChatRequest, service: Service) -> ChatPrompt:
+    tools = _active_tools(body, service)
+    return chat_prompt(service, _chat_messages(body), tools, _forced_tools(body, tools), _thinking(body),
+                       parallel=body.parallel_tool_calls is not False, extra=body.chat_template_kwargs)
 
 
 def _prompt_text(tok: Tokenizer, body: CompletionRequest, ids: list[int]) -> str:
@@ -111,11 +116,11 @@ def _chat_messages(body: ChatRequest) -> list[dict]:
     return [_message_dict(m) for m in body.messages]
 
 
-def _active_tools(body: ChatRequest, tok: Tokenizer) -> list[dict]:
+def _active_tools(body: ChatRequest, service: Service) -> list[dict]:
     """The function definitions to offer the model (none when tool_choice is "none")."""
     if not body.tools or body.tool_choice == "none":
         return []
-    if not tok.supports_tools:
+    if not service.supports_tools:
         raise ApiError(400, "this model's chat template has no tool support: send the request without `tools`", param="tools")
     return [t.function.model_dump(exclude_none=True) for t in body.tools]
 
@@ -140,6 +145,8 @@ def _message_dict(m) -> dict:
         d["name"] = m.name
     if m.tool_call_id:
         d["tool_call_id"] = m.tool_call_id
+    if m.reasoning_content:
+        d["reasoning_content"] = m.reasoning_content
     if m.tool_calls:
         calls = []
         for c in m.tool_calls:
@@ -155,14 +162,13 @@ def _message_dict(m) -> dict:
     return d
 
 
-def _grammar(body: Sampling, service: Service, forced_tools: list[dict] | None = None) -> str | None:
-    """The GBNF this request's output must follow: `grammar`, `response_format` or a required tool call
-    (at most one of them); checked by llama.cpp's parser now, so a bad one is a 400, not a failed job."""
+def _grammar(body: Sampling, service: Service) -> str | None:
+    """The GBNF this request's output must follow: `grammar` or `response_format` (not both); checked by
+    llama.cpp's parser now, so a bad one is a 400, not a failed job."""
     asked = [g for g in (
         ("grammar", body.grammar),
         ("response_format", _format_grammar(body.response_format.type, body.response_format.schema_dict())
          if body.response_format else None),
-        ("tool_choice", _format_grammar("tools", forced_tools) if forced_tools else None),
     ) if g[1] is not None]
     if len(asked) > 1:
         raise ApiError(400, f"{asked[0][0]} and {asked[1][0]} cannot be combined", param=asked[1][0])
@@ -178,9 +184,9 @@ def _grammar(body: Sampling, service: Service, forced_tools: list[dict] | None =
 
 def _format_grammar(kind: str, what) -> str | None:
     try:
-        return tool_call_grammar(what) if kind == "tools" else response_format_grammar(kind, what)
+        return response_format_grammar(kind, what)
     except SpecdeckError as e:
-        raise ApiError(400, e.message, param="tool_choice" if kind == "tools" else "response_format") from None
+        raise ApiError(400, e.message, param="response_format") from None
 
 
 def _completion_tokens(tok: Tokenizer, body: CompletionRequest) -> list[int]:
@@ -202,30 +208,35 @@ def _call_ids(n: int) -> list[str]:
 
 
 async def _generate(request: Request, service: Service, settings: ServeSettings, metrics: Metrics, body: Sampling,
-                    ids: list[int], kind: str, grammar: str | None = None, tools: list[dict] | None = None,
-                    echo: str = "", offset: int = 0):
-    job = submit(service, settings, metrics, body, ids, grammar)
+                    ids: list[int], kind: str, grammar: str | None = None, chat: ChatStream | None = None,
+                    echo: str = "", offset: int = 0, triggers: tuple[str, ...] = ()):
+    job = submit(service, settings, metrics, body, ids, grammar, triggers=triggers)
     created, rid = int(time.time()), ("chatcmpl-" if kind == "chat" else "cmpl-") + job.id
-    text = TextStream(lambda t: service.tokenizer.piece_bytes(t), body.stops())
+    answer = Answer(service, job, body.stops(), chat)
     head = {"id": rid, "object": "chat.completion" if kind == "chat" else "text_completion", "created": created,
             "model": service.model_id, "system_fingerprint": service.fingerprint}
     if body.stream:
-        return StreamingResponse(_stream(request, job, text, kind, head, service, body, tools or [], echo, offset),
+        return StreamingResponse(_stream(request, answer, kind, head, service, body, echo, offset),
                                  media_type="text/event-stream", headers=STREAM_HEADERS)
-    content, record = await collect(request, job, text)
-    finish = finish_reason(text, record)
+    final = await answer.whole(request)
+    record, parsed = final.record, final.parsed
     lps = _logprobs(service.tokenizer, kind, record.logprobs, offset) if job.request.logprobs is not None else None
     if kind == "chat":
-        message = {"role": "assistant", "content": content}
-        if tools:
-            message["content"], calls = parse_tool_calls(content, {t["name"] for t in tools})
-            if calls:
-                message["tool_calls"] = openai_tool_calls(calls, _call_ids(len(calls)))
-                finish = "tool_calls"
-        choice = {"index": 0, "message": message, "finish_reason": finish, "logprobs": lps}
+        message: dict = {"role": "assistant", "content": parsed.content or (None if parsed.calls else "")}
+        if parsed.reasoning:
+            message["reasoning_content"] = parsed.reasoning
+        if parsed.calls:
+            message["tool_calls"] = _tool_calls(parsed.calls)
+        choice = {"index": 0, "message": message, "finish_reason": final.finish, "logprobs": lps}
     else:
-        choice = {"index": 0, "text": echo + content, "finish_reason": finish, "logprobs": lps}
+        choice = {"index": 0, "text": echo + parsed.content, "finish_reason": final.finish, "logprobs": lps}
     return {**head, "choices": [choice], "usage": usage(record), "timings": timings(record)}
+
+
+def _tool_calls(calls: list[Call]) -> list[dict]:
+    """Parsed calls in OpenAI's shape (arguments as a JSON string)."""
+    return [{"id": i, "type": "function", "function": {"name": c.name, "arguments": c.arguments_json}}
+            for c, i in zip(calls, _call_ids(len(calls)))]
 
 
 def _token_entry(tok: Tokenizer, t: int, lp: float) -> dict:
@@ -254,57 +265,46 @@ def _sse(obj: dict) -> bytes:
     return f"data: {json.dumps(obj)}\n\n".encode()
 
 
-async def _stream(request: Request, job: Job, text: TextStream, kind: str, head: dict, service: Service,
-                  body: Sampling, tools: list[dict], echo: str, offset: int) -> AsyncIterator[bytes]:
+async def _stream(request: Request, answer: Answer, kind: str, head: dict, service: Service, body: Sampling,
+                  echo: str, offset: int) -> AsyncIterator[bytes]:
     head = {**head, "object": "chat.completion.chunk" if kind == "chat" else "text_completion"}
-    hold = ToolCallHold(bool(tools))
-    want_lps = job.request.logprobs is not None
-    pending: list = []  # log-probabilities of tokens whose text has not gone out yet
+    want_lps = answer.job.request.logprobs is not None
     sent = offset
 
-    def chunk(delta: str | None, finish: str | None, first: bool = False, calls: list[dict] | None = None) -> dict:
-        nonlocal pending, sent
+    def chunk(delta: dict | str | None, finish: str | None = None) -> dict:
+        nonlocal sent
         lps = None
         if want_lps and (delta or finish):
-            lps, pending = _logprobs(service.tokenizer, kind, pending, sent), []
-        sent += len(delta or "")
+            text = delta.get("content") or "" if isinstance(delta, dict) else delta or ""
+            lps = _logprobs(service.tokenizer, kind, answer.take_logprobs(), sent)
+            sent += len(text)
         if kind == "chat":
-            d = {"role": "assistant", "content": delta or ""} if first else ({"content": delta} if delta else {})
-            if calls:
-                d["tool_calls"] = [{"index": i, **c} for i, c in enumerate(calls)]
-            c = {"index": 0, "delta": d, "finish_reason": finish, "logprobs": lps}
+            c = {"index": 0, "delta": delta or {}, "finish_reason": finish, "logprobs": lps}
         else:
             c = {"index": 0, "text": delta or "", "finish_reason": finish, "logprobs": lps}
         return {**head, "choices": [c]}
 
     if echo:
         yield _sse({**head, "choices": [{"index": 0, "text": echo, "finish_reason": None, "logprobs": None}]})
-    first = True
-    async for event in events(request, job):
-        if isinstance(event, StepRecord):
-            pending += event.logprobs or []
-            delta = hold.push(text.push(event.tokens))
-            if text.stopped:
-                job.cancel()
-            if delta or first:
-                yield _sse(chunk(delta, None, first))
-                first = False
-        elif isinstance(event, Failed):
-            yield _sse(error_body(event.message, "server_error"))
+    if kind == "chat":  # the role at once: a client sees its stream open before the prompt is read
+        yield _sse(chunk({"role": "assistant", "content": ""}))
+    calls = 0
+    async for item in answer.stream(request):
+        if isinstance(item, TextDelta):
+            yield _sse(chunk({"content": item.text} if kind == "chat" else item.text))
+        elif isinstance(item, ReasoningDelta):
+            yield _sse(chunk({"reasoning_content": item.text}))
+        elif isinstance(item, CallEnd):
+            call = _tool_calls([item.call])[0]
+            yield _sse(chunk({"tool_calls": [{"index": calls, **call}]}))
+            calls += 1
+        elif isinstance(item, Failure):
+            yield _sse(error_body(item.message, "server_error"))
             break
-        elif isinstance(event, Done):
-            rec = event.record
-            tail = hold.push(text.flush())
-            finish = finish_reason(text, rec)
-            calls = []
-            if hold.held:  # the whole answer was held back: a tool call, or text that looked like the start of one
-                content, parsed = parse_tool_calls(hold.held, {t["name"] for t in tools})
-                tail += content or ""
-                if parsed:
-                    calls, finish = openai_tool_calls(parsed, _call_ids(len(parsed))), "tool_calls"
-            last = chunk(tail or None, finish, calls=calls)
-            last["timings"] = timings(rec)
+        elif isinstance(item, Final):
+            last = chunk(None, item.finish)
+            last["timings"] = timings(item.record)
             yield _sse(last)
             if body.stream_options and body.stream_options.include_usage:
-                yield _sse({**head, "choices": [], "usage": usage(rec)})
+                yield _sse({**head, "choices": [], "usage": usage(item.record)})
     yield b"data: [DONE]\n\n"

@@ -2,7 +2,9 @@
 other agents that speak only it run on the same engine, queue, prompt cache and speculation.
 
 Input items become the chat template's messages (`message`, `function_call`,
-`function_call_output`; `reasoning` items are dropped). Function tools are offered to the model;
+`function_call_output`; a `reasoning` item's text becomes the next assistant message's reasoning).
+Reasoning comes back as a `reasoning` output item (`response.reasoning_text.delta` events when
+streaming); `reasoning.effort` switches the template's thinking mode. Function tools are offered to the model;
 other tool types an agent sends (`web_search`, `local_shell`, custom tools) are skipped. Nothing is
 stored: `previous_response_id` is a 400 that says to send the whole input (what `store: false`
 agents do anyway)."""
@@ -19,32 +21,26 @@ from fastapi import FastAPI, Request
 from fastapi.responses import StreamingResponse
 from pydantic import Field
 
-from app.engine.records import RequestRecord, StepRecord
+from app.chat.format import Call
+from app.chat.stream import CallEnd, Parsed, ReasoningDelta, TextDelta
+from app.engine.records import RequestRecord
 from app.engine.sampling import check_grammar
 from app.errors import SpecdeckError
+from app.server.answer import Answer, Failure, Final, chat_prompt, thinking_of
 from app.server.core import (
     STREAM_HEADERS,
     Service,
-    chat_ids,
     check_model,
-    collect,
-    events,
     refuse_images,
     require_ready,
     submit,
 )
 from app.server.errors import ApiError
 from app.server.metrics import Metrics
-from app.server.scheduler import SHUTTING_DOWN, Done, Failed, Job
+from app.server.scheduler import SHUTTING_DOWN
 from app.server.schemas import Sampling, StrictBody
 from app.server.settings import ServeSettings
-from app.server.structured import (
-    ToolCallHold,
-    parse_tool_calls,
-    response_format_grammar,
-    tool_call_grammar,
-)
-from app.server.textstream import TextStream
+from app.server.structured import response_format_grammar
 
 TEXT_PARTS = {"input_text", "output_text", "text", "summary_text"}
 IMAGE_PARTS = {"input_image", "input_file", "input_audio"}
@@ -76,6 +72,7 @@ class ResponsesRequest(StrictBody):
     previous_response_id: str | None = None
     parallel_tool_calls: bool | None = None
     metadata: dict[str, Any] | None = None
+    reasoning: dict[str, Any] | None = None  # {"effort": "none" | "minimal" | "low" | "medium" | "high", "summary": ...}
 
 
 def add_responses_routes(app: FastAPI, settings: ServeSettings, service: Service, metrics: Metrics) -> None:
@@ -89,18 +86,22 @@ def add_responses_routes(app: FastAPI, settings: ServeSettings, service: Service
                             top_p=body.top_p, stream=body.stream)
         check_model(sampling, service, settings)
         tools = _function_tools(body, service)
-        ids = chat_ids(service, _messages(body), tools)
-        grammar = _grammar(body, tools, service)
-        job = submit(service, settings, metrics, sampling, ids, grammar)
-        text = TextStream(lambda t: service.tokenizer.piece_bytes(t), [])
-        names = {t["name"] for t in tools}
+        forced = _forced(body, tools)
+        text_grammar = _text_grammar(body, service)
+        if forced and text_grammar is not None:
+            raise ApiError(400, "text.format and a required tool call cannot be combined", param="text.format")
+        effort = (body.reasoning or {}).get("effort")
+        prompt = chat_prompt(service, _messages(body), tools, forced, thinking_of(effort if isinstance(effort, str) else None, None),
+                             parallel=body.parallel_tool_calls is not False)
+        grammar, triggers = (text_grammar, ()) if text_grammar is not None else (prompt.grammar, prompt.triggers)
+        job = submit(service, settings, metrics, sampling, prompt.ids, grammar, triggers=triggers)
+        answer = Answer(service, job, [], prompt.stream(service))
         shell = _response(body, service, "resp_" + job.id, "in_progress", [], None)
         if body.stream:
-            return StreamingResponse(_stream(request, job, text, shell, names), media_type="text/event-stream",
+            return StreamingResponse(_stream(request, answer, shell, service), media_type="text/event-stream",
                                      headers=STREAM_HEADERS)
-        content, rec = await collect(request, job, text)
-        items = _output_items(content, names)
-        return _finished(shell, items, rec)
+        final = await answer.whole(request)
+        return _finished(shell, _output_items(final.parsed), final, service)
 
 
 # -- request -----------------------------------------------------------------------------------
@@ -127,6 +128,7 @@ def _messages(body: ResponsesRequest) -> list[dict]:
     calls join the assistant message before them."""
     out: list[dict] = [{"role": "system", "content": body.instructions}] if body.instructions else []
     items = [{"type": "message", "role": "user", "content": body.input}] if isinstance(body.input, str) else body.input
+    thought: list[str] = []  # reasoning items waiting for the assistant message they belong to
     for i, item in enumerate(items):
         where = f"input.{i}"
         if not isinstance(item, dict):
@@ -138,21 +140,30 @@ def _messages(body: ResponsesRequest) -> list[dict]:
                 raise ApiError(400, f"{where}: unknown role {role!r}", param=f"{where}.role")
             out.append({"role": "system" if role == "developer" else role,
                         "content": _part_text(item.get("content", ""), f"{where}.content")})
+            if role == "assistant" and thought:
+                out[-1]["reasoning_content"], thought = "\n".join(thought), []
         elif kind == "function_call":
             try:
                 args = json.loads(item.get("arguments") or "{}")
             except (json.JSONDecodeError, TypeError):
                 raise ApiError(400, f"{where}: arguments are not valid JSON", param=f"{where}.arguments") from None
             call = {"id": item.get("call_id"), "type": "function", "function": {"name": item.get("name"), "arguments": args}}
-            if out and out[-1]["role"] == "assistant":
+            if out and out[-1]["role"] == "assistant" and not thought:
                 out[-1].setdefault("tool_calls", []).append(call)
             else:
                 out.append({"role": "assistant", "content": "", "tool_calls": [call]})
+                if thought:
+                    out[-1]["reasoning_content"], thought = "\n".join(thought), []
         elif kind == "function_call_output":
             output = item.get("output", "")
             out.append({"role": "tool", "tool_call_id": item.get("call_id"),
                         "content": output if isinstance(output, str) else _part_text(output, f"{where}.output")})
-        elif kind in ("reasoning", "item_reference"):
+        elif kind == "reasoning":
+            parts = (item.get("content") or []) + ([] if item.get("content") else item.get("summary") or [])
+            text = "".join(str(p.get("text", "")) for p in parts if isinstance(p, dict))
+            if text:
+                thought.append(text)
+        elif kind == "item_reference":
             continue
         else:
             raise ApiError(400, f"{where}: input item type {kind!r} is not supported", param=f"{where}.type")
@@ -166,31 +177,35 @@ def _function_tools(body: ResponsesRequest, service: Service) -> list[dict]:
     tools = [{"name": t["name"], "description": t.get("description") or "",
               "parameters": t.get("parameters") or {"type": "object"}}
              for t in body.tools or [] if isinstance(t, dict) and t.get("type") == "function" and t.get("name")]
-    if tools and not service.tokenizer.supports_tools:
+    if tools and not service.supports_tools:
         raise ApiError(400, "this model's chat template has no tool support: send the request without `tools`", param="tools")
     return tools
 
 
-def _grammar(body: ResponsesRequest, tools: list[dict], service: Service) -> str | None:
-    """text.format (json_object / json_schema) or a required tool call, as GBNF."""
+def _forced(body: ResponsesRequest, tools: list[dict]) -> list[dict] | None:
+    """tool_choice "required" (one of the tools) or a named function: the answer is a call, by grammar."""
     choice = body.tool_choice
-    forced = None
     if tools and choice == "required":
-        forced = tools
-    elif tools and isinstance(choice, dict) and choice.get("type") == "function":
+        return tools
+    if tools and isinstance(choice, dict) and choice.get("type") == "function":
         forced = [t for t in tools if t["name"] == choice.get("name")]
         if not forced:
             raise ApiError(400, f"tool_choice names {choice.get('name')!r}, which is not among the tools", param="tool_choice")
+        return forced
+    return None
+
+
+def _text_grammar(body: ResponsesRequest, service: Service) -> str | None:
+    """text.format (json_object / json_schema) as GBNF."""
     fmt = body.text.format if body.text else None
-    if forced and fmt is not None and fmt.type != "text":
-        raise ApiError(400, "text.format and a required tool call cannot be combined", param="text.format")
+    if fmt is None:
+        return None
     try:
-        grammar = tool_call_grammar(forced) if forced else (
-            response_format_grammar(fmt.type, fmt.schema_) if fmt is not None else None)
+        grammar = response_format_grammar(fmt.type, fmt.schema_)
         if grammar is not None:
             check_grammar(service.tokenizer.vocab, grammar)
     except SpecdeckError as e:
-        raise ApiError(400, e.message, param="tool_choice" if forced else "text.format") from None
+        raise ApiError(400, e.message, param="text.format") from None
     return grammar
 
 
@@ -205,15 +220,21 @@ def _message_item(text: str, status: str = "completed", item_id: str | None = No
             "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}] if status == "completed" else []}
 
 
-def _call_item(call: dict, status: str = "completed") -> dict:
-    return {"type": "function_call", "id": _id("fc_"), "call_id": _id("call_"), "name": call["name"],
-            "arguments": json.dumps(call["arguments"]) if status == "completed" else "", "status": status}
+def _call_item(call: Call, status: str = "completed") -> dict:
+    return {"type": "function_call", "id": _id("fc_"), "call_id": _id("call_"), "name": call.name,
+            "arguments": call.arguments_json if status == "completed" else "", "status": status}
 
 
-def _output_items(content: str, names: set[str]) -> list[dict]:
-    text, calls = parse_tool_calls(content, names) if names else (content, [])
-    items = [_message_item(text)] if text or not calls else []
-    return items + [_call_item(c) for c in calls]
+def _reasoning_item(text: str, status: str = "completed", item_id: str | None = None) -> dict:
+    return {"type": "reasoning", "id": item_id or _id("rs_"), "status": status, "summary": [],
+            "content": [{"type": "reasoning_text", "text": text}] if status == "completed" else []}
+
+
+def _output_items(parsed: Parsed) -> list[dict]:
+    items = [_reasoning_item(parsed.reasoning)] if parsed.reasoning else []
+    if parsed.content or not (parsed.calls or parsed.reasoning):
+        items.append(_message_item(parsed.content))
+    return items + [_call_item(c) for c in parsed.calls]
 
 
 def _response(body: ResponsesRequest, service: Service, rid: str, status: str, output: list[dict],
@@ -228,16 +249,20 @@ def _response(body: ResponsesRequest, service: Service, rid: str, status: str, o
             "metadata": body.metadata or {}, "usage": _usage(rec) if rec is not None else None}
 
 
-def _usage(rec: RequestRecord) -> dict:
+def _usage(rec: RequestRecord, reasoning_tokens: int = 0) -> dict:
     n = len(rec.completion)
     return {"input_tokens": rec.prompt_tokens, "input_tokens_details": {"cached_tokens": rec.reused_tokens},
-            "output_tokens": n, "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": rec.prompt_tokens + n}
+            "output_tokens": n, "output_tokens_details": {"reasoning_tokens": reasoning_tokens},
+            "total_tokens": rec.prompt_tokens + n}
 
 
-def _finished(shell: dict, items: list[dict], rec: RequestRecord) -> dict:
+def _finished(shell: dict, items: list[dict], final: Final, service: Service) -> dict:
     """The whole response: completed, or incomplete when it ran out of tokens."""
-    short = rec.finish_reason in ("length", "context", "time_limit")
-    out = {**shell, "status": "incomplete" if short else "completed", "output": items, "usage": _usage(rec),
+    rec = final.record
+    short = final.finish == "length"
+    reasoning = len(service.tokenizer.encode(final.parsed.reasoning, add_special=False)) if final.parsed.reasoning else 0
+    out = {**shell, "status": "incomplete" if short else "completed", "output": items,
+           "usage": _usage(rec, min(reasoning, len(rec.completion))),
            "incomplete_details": {"reason": "max_output_tokens"} if short else None}
     out["output_text"] = "".join(p["text"] for i in items if i["type"] == "message" for p in i["content"])
     return out
@@ -255,59 +280,98 @@ class _Events:
         return f"event: {kind}\ndata: {json.dumps(payload)}\n\n".encode()
 
 
-async def _stream(request: Request, job: Job, text: TextStream, shell: dict, names: set[str]) -> AsyncIterator[bytes]:
-    ev, hold = _Events(), ToolCallHold(bool(names))
+class _Items:
+    """The streamed output items in the order they come: reasoning, the message, function calls. A
+    reasoning or message item stays open while its text grows and is closed when another begins."""
+
+    def __init__(self, ev: _Events) -> None:
+        self.ev = ev
+        self.done: list[dict] = []
+        self.open: str | None = None  # "reasoning" or "message"
+        self.id = ""
+        self.parts: list[str] = []
+
+    def _start(self, kind: str) -> list[bytes]:
+        if self.open == kind:
+            return []
+        out = self.close()
+        self.open, self.parts = kind, []
+        index = len(self.done)
+        if kind == "reasoning":
+            self.id = _id("rs_")
+            return out + [self.ev("response.output_item.added", output_index=index, item=_reasoning_item("", "in_progress", self.id))]
+        self.id = _id("msg_")
+        part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
+        return out + [self.ev("response.output_item.added", output_index=index, item=_message_item("", "in_progress", self.id)),
+                      self.ev("response.content_part.added", item_id=self.id, output_index=index, content_index=0, part=part)]
+
+    def reasoning(self, delta: str) -> list[bytes]:
+        out = self._start("reasoning")
+        self.parts.append(delta)
+        return out + [self.ev("response.reasoning_text.delta", item_id=self.id, output_index=len(self.done),
+                              content_index=0, delta=delta)]
+
+    def text(self, delta: str) -> list[bytes]:
+        out = self._start("message")
+        self.parts.append(delta)
+        return out + [self.ev("response.output_text.delta", item_id=self.id, output_index=len(self.done), content_index=0,
+                              delta=delta, logprobs=[])]
+
+    def close(self) -> list[bytes]:
+        if self.open is None:
+            return []
+        whole, index, kind = "".join(self.parts), len(self.done), self.open
+        self.open = None
+        if kind == "reasoning":
+            item = _reasoning_item(whole, "completed", self.id)
+            out = [self.ev("response.reasoning_text.done", item_id=self.id, output_index=index, content_index=0, text=whole)]
+        else:
+            item = _message_item(whole, "completed", self.id)
+            out = [self.ev("response.output_text.done", item_id=self.id, output_index=index, content_index=0, text=whole,
+                           logprobs=[]),
+                   self.ev("response.content_part.done", item_id=self.id, output_index=index, content_index=0,
+                           part=item["content"][0])]
+        self.done.append(item)
+        return out + [self.ev("response.output_item.done", output_index=index, item=item)]
+
+    def call(self, call: Call) -> list[bytes]:
+        out = self.close()
+        item, index = _call_item(call), len(self.done)
+        self.done.append(item)
+        return out + [
+            self.ev("response.output_item.added", output_index=index, item={**item, "arguments": "", "status": "in_progress"}),
+            self.ev("response.function_call_arguments.delta", item_id=item["id"], output_index=index, delta=item["arguments"]),
+            self.ev("response.function_call_arguments.done", item_id=item["id"], output_index=index, name=item["name"],
+                    arguments=item["arguments"]),
+            self.ev("response.output_item.done", output_index=index, item=item)]
+
+
+async def _stream(request: Request, answer: Answer, shell: dict, service: Service) -> AsyncIterator[bytes]:
+    ev = _Events()
+    items = _Items(ev)
     yield ev("response.created", response=shell)
     yield ev("response.in_progress", response=shell)
-    msg_id, streamed, opened = _id("msg_"), [], False
-
-    def open_message() -> list[bytes]:
-        item = _message_item("", "in_progress", msg_id)
-        part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
-        return [ev("response.output_item.added", output_index=0, item=item),
-                ev("response.content_part.added", item_id=msg_id, output_index=0, content_index=0, part=part)]
-
-    def delta(d: str) -> list[bytes]:
-        nonlocal opened
-        out = [] if opened else open_message()
-        opened = True
-        streamed.append(d)
-        return out + [ev("response.output_text.delta", item_id=msg_id, output_index=0, content_index=0, delta=d,
-                         logprobs=[])]
-
-    async for event in events(request, job):
-        if isinstance(event, StepRecord):
-            d = hold.push(text.push(event.tokens))
-            for chunk in delta(d) if d else []:
-                yield chunk
-        elif isinstance(event, Failed) or (isinstance(event, Done) and event.record.finish_reason == "shutdown"):
-            message = event.message if isinstance(event, Failed) else SHUTTING_DOWN
+    async for item in answer.stream(request):
+        out: list[bytes] = []
+        if isinstance(item, ReasoningDelta):
+            out = items.reasoning(item.text)
+        elif isinstance(item, TextDelta):
+            out = items.text(item.text)
+        elif isinstance(item, CallEnd):
+            out = items.call(item.call)
+        elif isinstance(item, Failure) or (isinstance(item, Final) and item.finish == "abort"):
+            message = item.message if isinstance(item, Failure) else SHUTTING_DOWN
             yield ev("response.failed", response={**shell, "status": "failed",
                                                   "error": {"code": "server_error", "message": message}})
             return
-        elif isinstance(event, Done):
-            tail = hold.push(text.flush())
-            content, calls = parse_tool_calls(hold.held, names) if hold.held else (None, [])
-            tail += content or ""
-            for chunk in delta(tail) if tail or not calls else []:
+        elif isinstance(item, Final):
+            if not items.done and items.open is None:  # an empty answer is still one (empty) message
+                out += items.text("")
+            out += items.close()
+            for chunk in out:
                 yield chunk
-            items = []
-            if opened:
-                whole = "".join(streamed)
-                item = _message_item(whole, "completed", msg_id)
-                yield ev("response.output_text.done", item_id=msg_id, output_index=0, content_index=0, text=whole, logprobs=[])
-                yield ev("response.content_part.done", item_id=msg_id, output_index=0, content_index=0,
-                         part=item["content"][0])
-                yield ev("response.output_item.done", output_index=0, item=item)
-                items.append(item)
-            for call in calls:
-                item, index = _call_item(call), len(items)
-                yield ev("response.output_item.added", output_index=index, item={**item, "arguments": "", "status": "in_progress"})
-                yield ev("response.function_call_arguments.delta", item_id=item["id"], output_index=index,
-                         delta=item["arguments"])
-                yield ev("response.function_call_arguments.done", item_id=item["id"], output_index=index,
-                         name=item["name"], arguments=item["arguments"])
-                yield ev("response.output_item.done", output_index=index, item=item)
-                items.append(item)
-            final = _finished(shell, items, event.record)
+            final = _finished(shell, items.done, item, service)
             yield ev("response.completed" if final["status"] == "completed" else "response.incomplete", response=final)
+            return
+        for chunk in out:
+            yield chunk

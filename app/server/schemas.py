@@ -152,6 +152,7 @@ class ChatMessage(StrictBody):
     name: str | None = None
     tool_calls: list[ToolCall] | None = None
     tool_call_id: str | None = None
+    reasoning_content: str | None = None  # an earlier answer's reasoning, sent back (llama-server's, DeepSeek's field)
 
     def has_images(self) -> bool:
         return isinstance(self.content, list) and any(
@@ -170,6 +171,8 @@ class ChatRequest(Sampling):
     parallel_tool_calls: bool | None = None
     add_generation_prompt: bool | None = None
     continue_final_message: bool | None = None
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high"] | None = None  # "none": thinking off
+    chat_template_kwargs: dict[str, Any] | None = None  # more template variables (enable_thinking), as llama-server
 
 
 class CompletionRequest(Sampling):

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 
 import uvicorn
 
+from app.chat.detect import detect
+from app.chat.spec import ChatSpec
 from app.engine.embed import Embedder
 from app.engine.loader import Loaded, load
 from app.errors import SpecdeckError
@@ -55,10 +57,25 @@ def attach(service: Service, loaded: Loaded, settings: ServeSettings, on_done) -
 
     service.scheduler = Scheduler(loaded.engine, settings.max_queue, on_step=service.stats.step, on_done=done)
     service.tokenizer = loaded.tokenizer
+    service.use_chat(chat_spec(loaded.tokenizer, settings.reasoning_format))
     service.n_ctx = loaded.target.n_ctx
     service.speculative_default = settings.speculative
     service.scheduler.start()
     service.ready = True
+
+
+def chat_spec(tok, reasoning_format: str) -> ChatSpec:
+    """The chat format of the template being served, found by rendering through it; said in the log,
+    with one line when the template's tool calls are not parsed."""
+    if not tok.chat_template:
+        return ChatSpec()
+    spec = detect(tok.chat_template, lambda m, t, g: tok.render_chat(m, t, generation_prompt=g))
+    if reasoning_format == "none":
+        spec = spec.without_reasoning()
+    log.warning("specdeck: chat format %s", spec.name)
+    if spec.note:
+        log.warning("specdeck: %s", spec.note)
+    return spec
 
 
 def bind_socket(host: str, port: int) -> socket.socket:
@@ -204,7 +221,8 @@ def local_url(settings: ServeSettings) -> str:
 
 
 def serve(settings: ServeSettings, plan: Plan, target: ModelInfo, draft: ModelInfo | None, threads: int,
-          model_id: str, embedder: ModelInfo | None = None, start: Start | None = None) -> int:
+          model_id: str, embedder: ModelInfo | None = None, start: Start | None = None,
+          chat_template: str | None = None) -> int:
     """Serve until stopped. Raises StartFailed if it never became good (the caller may fall back);
     returns 0 after a clean stop, also one during start-up (a stop is not a failed start)."""
     start = start or Start()
@@ -231,7 +249,7 @@ def serve(settings: ServeSettings, plan: Plan, target: ModelInfo, draft: ModelIn
     def loader() -> None:
         try:
             state["loaded"] = load(plan, target, draft, threads, adaptive=settings.speculative, suffix_tokens=settings.suffix_tokens,
-                                   cache_ram_mib=settings.cache_ram, cancel=stop)
+                                   cache_ram_mib=settings.cache_ram, cancel=stop, chat_template=chat_template)
             if embedder is not None and plan.embedding is not None:
                 service.embedder = Embedder(embedder, plan.embedding, threads)
             if stop.is_set():

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ipaddress
 import tomllib
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -43,6 +44,11 @@ class ServeSettings(BaseSettings):
                                description="recent requests' tokens the suffix drafter indexes (about 125 bytes each; 0: off)")
     cache_ram: int = Field(8192, ge=0, le=2**20, description="MiB of host memory for the prompt caches of slots "
                            "taken by other requests (0: off; at most half the memory the plan leaves free)")
+    chat_template_file: Path | None = Field(None, description="use this Jinja chat template in place of the model's own "
+                                            "(llama-server's flag of the same name)")
+    reasoning_format: Literal["auto", "deepseek", "none"] = Field(
+        "auto", description="reasoning apart from the answer (auto, deepseek: reasoning_content, thinking blocks; "
+                            "none: the raw text, markers and all, as content)")
     slots_endpoint: bool = Field(False, description="serve llama-server's GET /slots (per-slot state)",
                                  json_schema_extra={"flag": "--slots"})
 

@@ -1,0 +1,202 @@
+"""One path from the engine's events to an API's answer. A chat request's prompt is rendered once
+(`chat_prompt`: the template, tools written in by formats that need it, the tool-call grammar in the
+model's own format); its answer is followed once (`Answer`): stop strings, whole UTF-8 characters,
+reasoning and tool calls split by the chat format, cancellation, failures. The API modules only
+format the typed deltas and the final record this yields."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from fastapi import Request
+
+from app.chat.grammar import call_grammar
+from app.chat.stream import ChatStream, Delta, Parsed, TextDelta
+from app.engine.records import RequestRecord, StepRecord
+from app.errors import SpecdeckError
+from app.server.core import FINISH, Service, events, failed_error, stopping_error
+from app.server.errors import ApiError
+from app.server.scheduler import Done, Failed, Job
+from app.server.textstream import TextStream
+
+
+@dataclass
+class Final:
+    """The end of an answer. `finish`: stop, length, tool_calls, or abort (the server stopped)."""
+
+    record: RequestRecord
+    parsed: Parsed
+    finish: str
+    stopped_by: str | None = None
+
+
+@dataclass
+class Failure:
+    """The job failed (its status and message, as the scheduler said)."""
+
+    status: int
+    message: str
+
+    def error(self) -> ApiError:
+        return failed_error(Failed(self.message, self.status))
+
+
+@dataclass
+class ChatPrompt:
+    """A chat request made ready: its token ids, the tools offered, whether the prompt opened the
+    reasoning block, and the grammar (with its triggers when lazy) its output must follow."""
+
+    ids: list[int]
+    tools: list[dict]
+    started: bool = False
+    grammar: str | None = None
+    triggers: tuple[str, ...] = ()
+
+    def stream(self, service: Service) -> ChatStream:
+        return ChatStream(service.chat, self.tools, self.started)
+
+
+def render_prompt(service: Service, messages: list[dict], tools: list[dict], thinking: bool | None = None,
+                  extra: dict | None = None) -> tuple[list[int], bool]:
+    """Messages through the model's chat template (tools written in where the format needs it). An
+    assistant message last is continued (prefill): the rest is rendered with the generation prompt
+    and its text follows unclosed. Returns the ids and whether the prompt opened the reasoning."""
+    tok, spec = service.tokenizer, service.chat
+    prefill = messages[-1]["role"] == "assistant" if messages else False
+    if prefill and messages[-1].get("tool_calls"):
+        raise ApiError(400, "a final assistant message with tool calls cannot be continued", param="messages")
+    head = messages[:-1] if prefill else messages
+    native = spec.tools is None or spec.tools.native
+    if tools and not native:
+        head = spec.tools.render_tools(head, tools)
+    offered = [{"type": "function", "function": t} for t in tools] if native else []
+    try:
+        text = tok.render_chat(head, offered, thinking, extra=extra)
+    except SpecdeckError as e:
+        raise ApiError(400, e.message) from None
+    except Exception as e:  # noqa: BLE001 - a template that cannot render these messages
+        raise ApiError(400, f"cannot render these messages with the model's chat template: {e}") from None
+    started = spec.reasoning is not None and spec.reasoning.opened_by(text)
+    ids = tok.prompt_tokens(text)
+    if prefill and messages[-1].get("content"):
+        ids += tok.encode(messages[-1]["content"], add_special=False, parse_special=False)
+        started = False  # the continued text decides; it is parsed as the model's own
+    return ids, started
+
+
+def chat_prompt(service: Service, messages: list[dict], tools: list[dict], forced: list[dict] | None = None,
+                thinking: bool | None = None, parallel: bool = True, extra: dict | None = None,
+                param: str = "tool_choice") -> ChatPrompt:
+    """Render the messages; with tools, the grammar of a call in the model's own format: forced
+    (`forced`: the answer is a call of one of these) or lazy (free text until the format's opening)."""
+    ids, started = render_prompt(service, messages, tools, thinking, extra)
+    prompt = ChatPrompt(ids, tools, started)
+    spec = service.chat
+    if not tools or spec.tools is None or not spec.tools.opening:
+        if forced:
+            raise ApiError(400, "tool calls in this model's chat format are not parsed, so a call cannot be "
+                                "required: send tool_choice auto", param=param)
+        return prompt
+    try:
+        g = call_grammar(spec, forced or tools, forced=bool(forced), parallel=parallel, started=started)
+        service.check_grammar(g.gbnf, g.triggers)
+    except SpecdeckError as e:
+        if forced:
+            raise ApiError(400, e.message, param=param) from None
+        return prompt  # no lazy grammar for these tools: calls are still parsed, just not constrained
+    prompt.grammar, prompt.triggers = g.gbnf, g.triggers
+    return prompt
+
+
+class Answer:
+    """A job's answer as typed deltas (`stream`) or whole (`whole`). `chat`: the chat format's parser
+    (None: raw text, as completions). `every_step`: a text delta per engine step, even an empty one
+    (llama-server's /completion sends each step's tokens)."""
+
+    def __init__(self, service: Service, job: Job, stops: list[str], chat: ChatStream | None = None,
+                 every_step: bool = False) -> None:
+        self.job = job
+        self.text = TextStream(service.piece, stops)
+        self.chat = chat
+        self.every_step = every_step
+        self.step_tokens: list[int] = []  # the last step's tokens
+        self._logprobs: list = []  # log-probabilities of tokens whose text has not gone out
+        self._raw: list[str] = []
+
+    def take_logprobs(self) -> list:
+        out, self._logprobs = self._logprobs, []
+        return out
+
+    def _feed(self, piece: str) -> list[Delta]:
+        if self.chat is not None:
+            return self.chat.push(piece)
+        self._raw.append(piece)
+        return [TextDelta(piece)] if piece or self.every_step else []
+
+    def _finish(self, rec: RequestRecord) -> tuple[list[Delta], Final]:
+        self.step_tokens = []  # what is flushed now came with earlier steps' tokens
+        deltas = self._feed(self.text.flush())
+        if self.chat is not None:
+            more, parsed = self.chat.finish()
+            deltas += more
+        else:
+            parsed = Parsed(content="".join(self._raw))
+            deltas = [d for d in deltas if d.text]
+        if rec.finish_reason == "shutdown":
+            finish = "abort"
+        elif parsed.calls:
+            finish = "tool_calls"
+        elif self.text.stopped:
+            finish = "stop"
+        else:
+            finish = FINISH.get(rec.finish_reason or "stop", "stop")
+        return deltas, Final(rec, parsed, finish, self.text.stopped_by)
+
+    async def stream(self, request: Request) -> AsyncIterator[Delta | Final | Failure]:
+        """Deltas as the answer grows, then a Final (or a Failure). Ends without either when the
+        client went away (the job is cancelled)."""
+        async for event in events(request, self.job):
+            if isinstance(event, StepRecord):
+                self._logprobs += event.logprobs or []
+                self.step_tokens = event.tokens
+                piece = self.text.push(event.tokens)
+                if self.text.stopped:
+                    self.job.cancel()
+                for d in self._feed(piece):
+                    yield d
+            elif isinstance(event, Failed):
+                yield Failure(event.status, event.message)
+                return
+            elif isinstance(event, Done):
+                rec = event.record
+                if self.job.quiet:  # no steps were sent: the whole answer at once
+                    self._logprobs += rec.logprobs
+                    for d in self._feed(self.text.push(rec.completion)):
+                        yield d
+                deltas, final = self._finish(rec)
+                for d in deltas:
+                    yield d
+                yield final
+                return
+
+    async def whole(self, request: Request) -> Final:
+        """The whole answer; a failure is raised as its API error, a stop as 503, a client gone as 499."""
+        async for item in self.stream(request):
+            if isinstance(item, Failure):
+                raise item.error()
+            if isinstance(item, Final):
+                if item.finish == "abort":  # cut short by a stop: the part generated is no answer
+                    raise stopping_error()
+                return item
+        raise ApiError(499, "client closed the request")
+
+
+def thinking_of(effort: str | None, kwargs: dict | None) -> bool | None:
+    """llama-server's request controls of a template's thinking switch: `chat_template_kwargs`'
+    enable_thinking first, then `reasoning_effort` (`none` off, any other level on)."""
+    if isinstance(kwargs, dict) and isinstance(kwargs.get("enable_thinking"), bool):
+        return kwargs["enable_thinking"]
+    if effort is None:
+        return None
+    return effort != "none"
