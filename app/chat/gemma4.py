@@ -127,8 +127,9 @@ class Gemma4(ToolFormat):
         q = literal(QUOTE)
         string = g.rule("gemma4-string", f"{q} {g.rule('gemma4-text', until(QUOTE))} {q}")
         number = g.rule("gemma4-number", '"-"? [0-9]+ ("." [0-9]+)? ([eE] [-+]? [0-9]+)?')
-        g.rule("gemma4-value", 'gemma4-string | gemma4-object | gemma4-list | gemma4-number | "true" | "false" | "null"')
-        g.rule("gemma4-member", f'(gemma4-string | [^,:{{}}<\\[\\]" \\n]+) ":" gemma4-value')
+        g.rule("gemma4-value",
+               'gemma4-string | gemma4-object | gemma4-list | gemma4-number | "true" | "false" | "null"')
+        g.rule("gemma4-member", '(gemma4-string | [^,:{}<\\[\\]" \\n]+) ":" gemma4-value')
         g.rule("gemma4-object", '"{" (gemma4-member ("," gemma4-member)*)? "}"')
         g.rule("gemma4-list", '"[" (gemma4-value ("," gemma4-value)*)? "]"')
         return {"string": string, "number": number, "value": "gemma4-value"}
@@ -146,14 +147,17 @@ class Gemma4(ToolFormat):
 
     def call_rule(self, g: Grammar, tool: dict) -> str:
         values = self._values(g)
-        props = parameters(tool)
+        props, head = parameters(tool), literal(OPEN + "call:" + tool["name"] + "{")
+        declared = isinstance(tool.get("parameters"), dict) and "properties" in tool["parameters"]
+        if not props and declared:  # no arguments
+            return f'{head} {literal("}" + CLOSE)}'
         if props:
             members = " | ".join(f"{literal(key + ':')} {self._value_rule(g, tool, key, sub, values)}"
                                  for key, sub in props.items())
             member = g.rule(f"member-{rule_name(tool['name'])}", members)
-        else:
+        else:  # arguments not described: any
             member = "gemma4-member"
-        return f'{literal(OPEN + "call:" + tool["name"] + "{")} ({member} ("," {member})*)? {literal("}" + CLOSE)}'
+        return f'{head} ({member} ("," {member})*)? {literal("}" + CLOSE)}'
 
     def calls_rule(self, g: Grammar, tools: list[dict], parallel: bool) -> str:
         one = g.rule("call", " | ".join(g.rule(f"call-{rule_name(t['name'])}", self.call_rule(g, t)) for t in tools))

@@ -115,18 +115,25 @@ class Generic(ToolFormat):
         return Scan(text)
 
     def call_rule(self, g: Grammar, tool: dict) -> str:
-        return f'"{{" space "\\"tool_call\\"" space ":" space {self._call(g, tool)} "}}" space'
+        return self._tool_call(self._call(g, tool))
+
+    @staticmethod
+    def _tool_call(call: str) -> str:
+        return f'"{{" space "\\"tool_call\\"" space ":" space {call} "}}" space'
 
     def _call(self, g: Grammar, tool: dict) -> str:
         return g.rule("json-" + rule_name(tool["name"]), json_call_rule(g, tool))
 
     def calls_rule(self, g: Grammar, tools: list[dict], parallel: bool) -> str:
-        one = g.rule("call", " | ".join(g.rule(f"call-{rule_name(t['name'])}", self.call_rule(g, t)) for t in tools))
+        calls = {t["name"]: self._call(g, t) for t in tools}
+        one = g.rule("call", " | ".join(g.rule(f"call-{rule_name(name)}", self._tool_call(call))
+                                        for name, call in calls.items()))
         if not parallel:
             return one
-        item = g.rule("item", " | ".join(self._call(g, t) for t in tools))
-        several = f'"{{" space "\\"tool_calls\\"" space ":" space "[" space {item} ("," space {item})* "]" space "}}" space'
-        return f"{one} | {g.rule('several', several)}"
+        item = g.rule("item", " | ".join(calls.values()))
+        several = (f'"{{" space "\\"tool_calls\\"" space ":" space "[" space {item} ("," space {item})* "]" space '
+                   '"}" space')
+        return g.rule("calls", f"{one} | {g.rule('several', several)}")
 
     def render_tools(self, messages: list[dict], tools: list[dict]) -> list[dict]:
         functions = [t.get("function", t) for t in tools]

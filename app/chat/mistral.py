@@ -82,7 +82,8 @@ class MistralNemo(ToolFormat):
 
     def calls_rule(self, g: Grammar, tools: list[dict], parallel: bool) -> str:
         item = g.rule("item", " | ".join(self._item(g, t) for t in tools))
-        return f'{literal(OPEN + "[")} {item} ("," space {item})* "]"' if parallel else f'{literal(OPEN + "[")} {item} "]"'
+        more = f' ("," space {item})*' if parallel else ""
+        return f'{literal(OPEN + "[")} {item}{more} "]"'
 
 
 class Mistral(ToolFormat):
@@ -112,7 +113,8 @@ class Mistral(ToolFormat):
     def call_rule(self, g: Grammar, tool: dict) -> str:
         args = g.schema(tool.get("parameters") or {"type": "object"}, f"args-{rule_name(tool['name'])}")
         head = literal(OPEN + tool["name"])
-        return f"{head} {literal(CALL_ID)} {_ID} {literal(ARGS)} {args}" if self.call_ids else f"{head} {literal(ARGS)} {args}"
+        call_id = f" {literal(CALL_ID)} {_ID}" if self.call_ids else ""
+        return f"{head}{call_id} {literal(ARGS)} {args}"
 
     def calls_rule(self, g: Grammar, tools: list[dict], parallel: bool) -> str:
         one = g.rule("call", " | ".join(g.rule(f"call-{rule_name(t['name'])}", self.call_rule(g, t)) for t in tools))
