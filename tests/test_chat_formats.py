@@ -139,6 +139,15 @@ def test_an_answer_parses_the_same_whole_or_streamed_at_any_split(spec, started,
     assert not [m for m in MARKUP if m in expected.content]
 
 
+def test_a_generic_response_streams_as_it_comes():
+    stream = ChatStream(ChatSpec(Generic()), TOOLS)
+    assert stream.push('{"response": "Hel') == [TextDelta("Hel")]
+    assert stream.push("lo, ") == [TextDelta("lo,")]  # the space may still come before a call: held
+    assert stream.push('world \\u00e') == [TextDelta(" world")]  # half an escape: held
+    assert stream.push('9"}') == [TextDelta(" \u00e9")]
+    assert stream.finish() == ([], Parsed("", "Hello, world \u00e9", []))
+
+
 def test_without_tools_offered_calls_stay_text():
     spec = ChatSpec(F["hermes"], THINK)
     text = f"<think>\nHm.\n</think>\n\nSure.\n{HERMES_RAIN}"
