@@ -38,6 +38,7 @@ class ToolFormat:
     name = "none"
     label = "no tool calls"
     opening = ""  # the text a call starts with (the lazy grammar's trigger)
+    openings: tuple[str, ...] = ()  # more texts a call may start with (also triggers), beyond `opening`
     markup: tuple[str, ...] = ()  # strings that may be special tokens: shown in the answer's text to parse it
     native = True  # the template renders tools and calls itself (False: `render_tools` writes them in)
     whole_answer = False  # calls are the whole answer (after any reasoning), not anywhere in it
@@ -67,16 +68,26 @@ def rule_name(name: str) -> str:
     return re.sub(r"[^a-zA-Z0-9-]+", "-", name) or "fn"
 
 
+Block = tuple[str, str, Callable[[str], "list[Call] | None"]]  # opening, closing, parse of what is between
+
+
 def scan_blocks(text: str, opening: str, closing: str, parse: Callable[[str], list[Call] | None],
                 final: bool) -> Scan:
     """Calls written as `opening ... closing` blocks anywhere in the answer; a block that does not
     parse (unknown function, bad arguments) stays in the content. Partial: content stops at an
     unclosed opening or at a tail that may begin one."""
+    return scan_kinds(text, [(opening, closing, parse)], final)
+
+
+def scan_kinds(text: str, kinds: list[Block], final: bool) -> Scan:
+    """As `scan_blocks`, with blocks of several kinds (the first opening found decides)."""
     content, calls, at = [], [], 0
     while True:
-        i = text.find(opening, at)
-        if i < 0:
+        found_at = [(text.find(o, at), (o, c, p)) for o, c, p in kinds]
+        found_at = [(i, k) for i, k in found_at if i >= 0]
+        if not found_at:
             break
+        i, (opening, closing, parse) = min(found_at, key=lambda x: x[0])
         j = text.find(closing, i + len(opening))
         if j < 0:
             if not final:
@@ -94,7 +105,7 @@ def scan_blocks(text: str, opening: str, closing: str, parse: Callable[[str], li
         at = j + len(closing)
     tail = text[at:]
     if not final:
-        tail = tail[: len(tail) - held_prefix(tail, opening)]
+        tail = tail[: len(tail) - max(held_prefix(tail, o) for o, _, _ in kinds)]
     content.append(tail)
     return Scan("".join(content), calls)
 

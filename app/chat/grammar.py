@@ -36,7 +36,8 @@ def call_grammar(spec: ChatSpec, tools: list[dict], forced: bool, parallel: bool
             gap = "\\s*"
             if r is not None and not started:
                 lead = "^(?:\\s*" + re.escape(r.opening) + "[\\s\\S]*?" + re.escape(r.closing) + ")?"
-        return CallGrammar(g.text(calls), (lead + gap + "(" + re.escape(fmt.opening) + ")[\\s\\S]*$",))
+        opening = "|".join(re.escape(o) for o in (fmt.opening, *fmt.openings))
+        return CallGrammar(g.text(calls), (lead + gap + "(" + opening + ")[\\s\\S]*$",))
     if r is None:
         return CallGrammar(g.text(f"{calls}"))
     thought = f"{g.rule('thought', until(r.closing))} {literal(r.closing)}"

@@ -8,13 +8,15 @@
     </function>
     </tool_call>
 
-Values become the types the function's schema declares (`app.chat.types`)."""
+Values become the types the function's schema declares (`app.chat.types`). Small models often
+leave out the <tool_call> tags around a <function=...> block: such a block is a call too (as
+llama.cpp's parser takes it), and a lazy grammar also starts at it."""
 
 from __future__ import annotations
 
 import re
 
-from app.chat.format import Call, Scan, ToolFormat, Tools, rule_name, scan_blocks
+from app.chat.format import Call, Scan, ToolFormat, Tools, rule_name, scan_kinds
 from app.chat.gbnf import Grammar, literal, until
 from app.chat.types import convert_arguments, declared_types, parameters
 
@@ -34,6 +36,7 @@ class Qwen3Coder(ToolFormat):
     name = "qwen3-coder"
     label = "Qwen3-Coder XML (<function=...><parameter=...>)"
     opening = OPEN
+    openings = ("<function=",)
     markup = (OPEN, CLOSE)
 
     def renders(self, text: str, name: str, arg: str) -> bool:
@@ -41,7 +44,9 @@ class Qwen3Coder(ToolFormat):
         return re.search(call, text) is not None
 
     def scan(self, text: str, tools: Tools, final: bool) -> Scan:
-        return scan_blocks(text, OPEN, CLOSE, lambda block: self._calls(block, tools), final)
+        return scan_kinds(text, [(OPEN, CLOSE, lambda block: self._calls(block, tools)),
+                                 ("<function=", "</function>", lambda block: self._calls(f"<function={block}</function>", tools))],
+                          final)
 
     def _calls(self, block: str, tools: Tools) -> list[Call] | None:
         m = _FUNCTION.match(block) or _FUNCTION_OPEN.match(block)
@@ -63,5 +68,7 @@ class Qwen3Coder(ToolFormat):
                      else g.schema(sub, f"{rule_name(tool['name'])}-{rule_name(key)}"))
             one = f'{literal(f"<parameter={key}>" + chr(10))} {value} {literal(chr(10) + "</parameter>" + chr(10))}'
             parts.append(one if key in required else f"({one})?")
-        head = literal(f"{OPEN}\n<function={tool['name']}>\n")
-        return " ".join([head, *parts, literal(f"</function>\n{CLOSE}")])
+        fn = g.rule(f"function-{rule_name(tool['name'])}",
+                    " ".join([literal(f"<function={tool['name']}>\n"), *parts, literal("</function>")]))
+        return f'{literal(OPEN + chr(10))} {fn} {literal(chr(10) + CLOSE)} | {fn}'
+
