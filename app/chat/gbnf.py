@@ -16,13 +16,18 @@ def literal(text: str) -> str:
     return json.dumps(text, ensure_ascii=False)
 
 
-def until(delimiter: str) -> str:
-    """Any text that does not contain `delimiter` (GBNF has no negative look-ahead: each prefix of
-    the delimiter may appear only when not followed by the delimiter's next character)."""
+def until(*delimiters: str) -> str:
+    """Any text that contains none of `delimiters` (GBNF has no negative look-ahead: each prefix of a
+    delimiter may appear only followed by a character that continues no delimiter there). Delimiters
+    may share a start ("\n</parameter>", "\n</function>"): the prefixes form a trie."""
+    follow: dict[str, set[str]] = {}  # each proper prefix of a delimiter -> the characters that continue one
+    for d in delimiters:
+        for i in range(len(d)):
+            follow.setdefault(d[:i], set()).add(d[i])
     alts = []
-    for i, ch in enumerate(delimiter):
-        cls = "[^" + _class_char(ch) + "]"
-        alts.append(f"{literal(delimiter[:i])} {cls}" if i else cls)
+    for prefix, chars in follow.items():
+        cls = "[^" + "".join(_class_char(c) for c in sorted(chars)) + "]"
+        alts.append(f"{literal(prefix)} {cls}" if prefix else cls)
     return "(" + " | ".join(alts) + ")*"
 
 

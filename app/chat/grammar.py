@@ -1,8 +1,9 @@
 """The grammar of a tool call in the model's own format. Forced (`tool_choice` required, a named
 function, Anthropic's `any` / `tool`): the answer must be calls, after the reasoning if the format
-has one. Lazy (`auto`): free text until the format's opening appears, then a valid call, as
-llama.cpp's lazy grammars do (the trigger is a pattern llama.cpp's grammar sampler searches); where
-calls are the whole answer (Llama 3, the generic JSON), only an opening that starts the answer."""
+has one. Lazy (`auto`): free text until the format's opening appears, then valid calls (and free
+text again after them, where the format allows text around its calls), as llama.cpp's lazy grammars
+do (the trigger is a pattern llama.cpp's grammar sampler searches); where calls are the whole answer
+(Llama 3, the generic JSON), only an opening that starts the answer."""
 
 from __future__ import annotations
 
@@ -18,6 +19,11 @@ from app.errors import SpecdeckError
 class CallGrammar:
     gbnf: str
     triggers: tuple[str, ...] = ()  # empty: applies from the first token; else lazy, from the first match
+
+
+# Lazy: after its calls an answer may go on in free text (not starting with markup, which stays a
+# call). A model that wants to say something after a call is not made to write call after call.
+AFTER_CALLS = '[ \\t\\n]* ([^< \\t\\n] [^\\x00]*)?'
 
 
 def call_grammar(spec: ChatSpec, tools: list[dict], forced: bool, parallel: bool = True,
@@ -37,7 +43,8 @@ def call_grammar(spec: ChatSpec, tools: list[dict], forced: bool, parallel: bool
             if r is not None and not started:
                 lead = "^(?:\\s*" + re.escape(r.opening) + "[\\s\\S]*?" + re.escape(r.closing) + ")?"
         opening = "|".join(re.escape(o) for o in (fmt.opening, *fmt.openings))
-        return CallGrammar(g.text(calls), (lead + gap + "(" + opening + ")[\\s\\S]*$",))
+        root = calls if fmt.whole_answer else f"{calls} {g.rule('after-calls', AFTER_CALLS)}"
+        return CallGrammar(g.text(root), (lead + gap + "(" + opening + ")[\\s\\S]*$",))
     if r is None:
         return CallGrammar(g.text(f"{calls}"))
     thought = f"{g.rule('thought', until(r.closing))} {literal(r.closing)}"

@@ -8,7 +8,9 @@
     </function>
     </tool_call>
 
-Values become the types the function's schema declares (`app.chat.types`). Small models often
+Values become the types the function's schema declares (`app.chat.types`). In a grammar a text value
+ends at its `</parameter>` and may not hold the call's own closing tags either, so a model that closes
+a parameter with the wrong tag is led back to the right one instead of writing on inside the value. Small models often
 leave out the <tool_call> tags around a <function=...> block: such a block is a call too (as
 llama.cpp's parser takes it), and a lazy grammar also starts at it."""
 
@@ -64,7 +66,7 @@ class Qwen3Coder(ToolFormat):
         parts = []
         for key, sub in parameters(tool).items():
             types = declared_types(sub)
-            value = (g.rule("text-value", until("\n</parameter>")) if "string" in types or not types
+            value = (g.rule("text-value", until("\n</parameter>", "\n</function>", "\n</tool_call>")) if "string" in types or not types
                      else g.schema(sub, f"{rule_name(tool['name'])}-{rule_name(key)}"))
             one = f'{literal(f"<parameter={key}>" + chr(10))} {value} {literal(chr(10) + "</parameter>" + chr(10))}'
             parts.append(one if key in required else f"({one})?")

@@ -40,3 +40,10 @@ class Reasoning:
             return text.strip(), ""
         body = text[: len(text) - held_prefix(text, self.closing)]
         return body.strip(), ""
+
+    def without_stray_closing(self, text: str, final: bool) -> str:
+        """An answer that never opened its reasoning may still close it (a model told not to think
+        writes `</think>` anyway): the marker is dropped, never shown as content. Partial: a tail that
+        may begin the marker is held."""
+        text = text.replace(self.closing, "")
+        return text if final else text[: len(text) - held_prefix(text, self.closing)]

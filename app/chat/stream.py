@@ -51,6 +51,16 @@ class Parsed:
     calls: list[Call] = field(default_factory=list)
 
 
+def _distinct(calls: list[Call]) -> list[Call]:
+    """The calls without repeats of an earlier one (a small model at temperature 0 may write the same
+    call again and again: one is meant)."""
+    out: list[Call] = []
+    for c in calls:
+        if c not in out:
+            out.append(c)
+    return out
+
+
 class ChatStream:
     """`push` each piece of text as it comes, `finish` at the end. `tools`: the function definitions
     offered (calls are parsed only with tools); `started`: the prompt opened the reasoning block."""
@@ -60,6 +70,7 @@ class ChatStream:
         self.tools = {t["name"]: t for t in tools or []}
         self.started = started
         self.text = ""
+        self.repeating = False  # the answer wrote a call it had already made: a loop, to be cut short
         self._reasoning = ""
         self._content = ""
         self._calls = 0
@@ -69,12 +80,16 @@ class ChatStream:
         if self.spec.reasoning is not None:
             reasoning, rest = self.spec.reasoning.split(text, self.started, final)
             thought = self.started or bool(reasoning) or rest != text
+            if not thought:
+                rest = self.spec.reasoning.without_stray_closing(rest, final)
         parse_calls = bool(self.tools) and self.spec.tools is not None
         scan = self.spec.tools.scan(rest, self.tools, final) if parse_calls else Scan(rest)
         content = scan.content.lstrip() if thought else scan.content
         if parse_calls and (not final or scan.calls):
             content = content.rstrip()  # the space before a call (or, streaming, before what may be one)
-        return Parsed(reasoning, content, scan.calls)
+        calls = _distinct(scan.calls)
+        self.repeating = self.repeating or len(calls) < len(scan.calls)
+        return Parsed(reasoning, content, calls)
 
     def push(self, text: str) -> list[Delta]:
         self.text += text
