@@ -111,6 +111,8 @@ def _flag_type(annotation) -> type:
         return _flag_type(args[0])
     if typing.get_origin(annotation) is list:
         return list
+    if typing.get_origin(annotation) is typing.Literal and all(isinstance(a, int) for a in args):
+        return int  # Literal[-1, 0]: the flag's text read as the number it names
     return annotation if annotation in (int, float, str, bool) else str
 
 
@@ -119,7 +121,9 @@ def _flag_choices(annotation) -> list[str] | None:
     args = [a for a in typing.get_args(annotation) if a is not type(None)]
     if typing.get_origin(annotation) in (typing.Union, types.UnionType) and args:
         return _flag_choices(args[0])
-    return [str(a) for a in args] if typing.get_origin(annotation) is typing.Literal else None
+    if typing.get_origin(annotation) is not typing.Literal:
+        return None
+    return list(args) if all(isinstance(a, int) for a in args) else [str(a) for a in args]
 
 
 def flag_fields(model: type[BaseModel]) -> list[str]:

@@ -67,12 +67,13 @@ def render_prompt(service: Service, messages: list[dict], tools: list[dict], thi
     if prefill and messages[-1].get("tool_calls"):
         raise ApiError(400, "a final assistant message with tool calls cannot be continued", param="messages")
     head = messages[:-1] if prefill else messages
+    thinking = service.thinking_default if thinking is None else thinking
     native = spec.tools is None or spec.tools.native
     if tools and not native:
         head = spec.tools.render_tools(head, tools)
     offered = [{"type": "function", "function": t} for t in tools] if native else []
     try:
-        text = tok.render_chat(head, offered, thinking, extra=extra)
+        text = _render(tok, head, offered, thinking, extra)
     except SpecdeckError as e:
         raise ApiError(400, e.message) from None
     except Exception as e:  # noqa: BLE001 - a template that cannot render these messages
@@ -83,6 +84,27 @@ def render_prompt(service: Service, messages: list[dict], tools: list[dict], thi
         ids += tok.encode(messages[-1]["content"], add_special=False, parse_special=False)
         started = False  # the continued text decides; it is parsed as the model's own
     return ids, started
+
+
+def _render(tok, messages: list[dict], tools: list[dict], thinking: bool | None, extra: dict | None) -> str:
+    """The template's rendering; a template that takes system messages only at the start (Qwen3.5's)
+    gets the later ones (Codex's developer messages, Claude Code's reminders) joined to the first."""
+    try:
+        return tok.render_chat(messages, tools, thinking, extra=extra)
+    except Exception:
+        merged = leading_system(messages)
+        if merged == messages:
+            raise
+        return tok.render_chat(merged, tools, thinking, extra=extra)
+
+
+def leading_system(messages: list[dict]) -> list[dict]:
+    """The messages with every system message's text joined, in order, into one system message first."""
+    system = [m for m in messages if m.get("role") == "system"]
+    if not system or (len(system) == 1 and messages[0].get("role") == "system"):
+        return messages
+    text = "\n\n".join(str(m.get("content") or "") for m in system)
+    return [{"role": "system", "content": text}] + [m for m in messages if m.get("role") != "system"]
 
 
 def chat_prompt(service: Service, messages: list[dict], tools: list[dict], forced: list[dict] | None = None,
@@ -130,7 +152,10 @@ class Answer:
 
     def _feed(self, piece: str) -> list[Delta]:
         if self.chat is not None:
-            return self.chat.push(piece)
+            deltas = self.chat.push(piece)
+            if self.chat.repeating:  # the same call again: a loop, not an answer; it ends here
+                self.job.cancel()
+            return deltas
         self._raw.append(piece)
         return [TextDelta(piece)] if piece or self.every_step else []
 

@@ -129,8 +129,9 @@ def add_anthropic_routes(app: FastAPI, settings: ServeSettings, service: Service
 
 def _sampling(body: MessagesRequest, n_ctx: int) -> Sampling:
     """max_tokens is a cap (Claude Code asks 32,000 of any model): what fits the context is generated."""
-    return Sampling(model=body.model, max_tokens=min(body.max_tokens, n_ctx), temperature=body.temperature,
-                    top_p=body.top_p or 1.0, top_k=body.top_k or 0, stop=body.stop_sequences, stream=body.stream)
+    return Sampling(model=body.model, max_tokens=min(body.max_tokens, n_ctx), top_p=body.top_p or 1.0,
+                    top_k=body.top_k or 0, stop=body.stop_sequences, stream=body.stream,
+                    **{k: body.temperature for k in ("temperature",) if k in body.model_fields_set})
 
 
 def _thinking(body: CountRequest) -> bool | None:

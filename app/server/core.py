@@ -126,7 +126,7 @@ def engine_request(body: Sampling, ids: list[int], service: Service, settings: S
     key = request_partition()
     return EngineRequest(
         prompt=ids, max_tokens=max(0, max_tokens), logprobs=n_logprobs,
-        sampling=SamplingParams(temperature=body.temperature, top_k=body.top_k, top_p=body.top_p, min_p=body.min_p,
+        sampling=SamplingParams(temperature=temperature(body, settings), top_k=body.top_k, top_p=body.top_p, min_p=body.min_p,
                                 repeat_penalty=body.repeat_penalty, frequency_penalty=body.frequency_penalty,
                                 presence_penalty=body.presence_penalty,
                                 seed=body.seed if body.seed is not None and body.seed >= 0 else int.from_bytes(os.urandom(4), "little"),
@@ -136,6 +136,13 @@ def engine_request(body: Sampling, ids: list[int], service: Service, settings: S
         partition=key if spec is None or spec.cross_request else None,
         owner=key,
     )
+
+
+def temperature(body: Sampling, settings: ServeSettings) -> float:
+    """The request's temperature; the server's --temp where the request set none."""
+    if "temperature" not in body.model_fields_set and settings.temperature is not None:
+        return settings.temperature
+    return body.temperature
 
 
 def request_partition() -> str:
@@ -340,6 +347,7 @@ class Service:
     digests: dict = field(default_factory=dict)  # role -> SHA-256 of the model files
     chat: ChatSpec = field(default_factory=ChatSpec)  # the chat template's format (tool calls, reasoning)
     markup_ids: set = field(default_factory=set)  # special tokens the chat format's markup is made of
+    thinking_default: bool | None = None  # the template's thinking switch where a request does not set it (None: the template's)
 
     def use_chat(self, spec: ChatSpec) -> None:
         """Serve answers in this chat format (its markup shown in the text even where it is special tokens)."""

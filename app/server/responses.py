@@ -82,8 +82,8 @@ def add_responses_routes(app: FastAPI, settings: ServeSettings, service: Service
         if body.previous_response_id:
             raise ApiError(400, "this server keeps no responses: send the whole conversation in `input` "
                                 "(previous_response_id is not supported)", param="previous_response_id")
-        sampling = Sampling(model=body.model, max_tokens=body.max_output_tokens, temperature=body.temperature,
-                            top_p=body.top_p, stream=body.stream)
+        sampling = Sampling(model=body.model, max_tokens=body.max_output_tokens, top_p=body.top_p, stream=body.stream,
+                            **{k: body.temperature for k in ("temperature",) if k in body.model_fields_set})
         check_model(sampling, service, settings)
         tools = _function_tools(body, service)
         forced = _forced(body, tools)

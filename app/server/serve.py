@@ -58,6 +58,7 @@ def attach(service: Service, loaded: Loaded, settings: ServeSettings, on_done) -
     service.scheduler = Scheduler(loaded.engine, settings.max_queue, on_step=service.stats.step, on_done=done)
     service.tokenizer = loaded.tokenizer
     service.use_chat(chat_spec(loaded.tokenizer, settings.reasoning_format))
+    service.thinking_default = False if settings.reasoning_budget == 0 else None
     service.n_ctx = loaded.target.n_ctx
     service.speculative_default = settings.speculative
     service.scheduler.start()

@@ -28,6 +28,9 @@ class ServeSettings(BaseSettings):
     max_queue: int = Field(16, ge=0, description="queued requests beyond the busy slots before 429")
     request_timeout: float = Field(600.0, gt=0, description="wall-clock limit per request, seconds")
     max_tokens: int = Field(4096, ge=1, description="cap on max_tokens per request")
+    temperature: float | None = Field(None, ge=0.0, le=2.0, json_schema_extra={"flag": "--temp"},
+                                      description="sampling temperature of a request that sets none (llama-server's "
+                                                  "--temp; default: each API's own, 1.0 for OpenAI's and Anthropic's)")
     shutdown_grace: float = Field(2.0, ge=0, description="seconds generation in flight may go on after SIGTERM")
     start_timeout: float = Field(900.0, gt=0, description="seconds a start may take to load and pass its smoke request "
                                                           "before it counts as failed (with --fallback the last good revision then starts)")
@@ -49,6 +52,9 @@ class ServeSettings(BaseSettings):
     reasoning_format: Literal["auto", "deepseek", "none"] = Field(
         "auto", description="reasoning apart from the answer (auto, deepseek: reasoning_content, thinking blocks; "
                             "none: the raw text, markers and all, as content)")
+    reasoning_budget: Literal[-1, 0] = Field(
+        -1, description="thinking by default where the template has a switch: -1 on (as the template decides), 0 off; "
+                        "a request still turns it on or off (llama-server's flag; only -1 and 0, as there)")
     slots_endpoint: bool = Field(False, description="serve llama-server's GET /slots (per-slot state)",
                                  json_schema_extra={"flag": "--slots"})
 

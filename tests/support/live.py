@@ -123,12 +123,13 @@ def _state(pid: int) -> str:
 class LiveServer:
     """A real uvicorn server in a thread, over a real engine."""
 
-    def __init__(self, target, draft, settings: ServeSettings, parallel=2, ctx=1024, embedding=None):
+    def __init__(self, target, draft, settings: ServeSettings, parallel=2, ctx=1024, embedding=None,
+                 chat_template: str | None = None):
         t, d = read_model_info(target), read_model_info(draft) if draft else None
         e = read_model_info(embedding) if embedding else None
         self.plan = make_plan(t, d, PlanRequest(ctx=ctx, ctx_is_user_choice=True, parallel=parallel, draft_max=4), detect(),
                               ctx, e)
-        self.loaded = load(self.plan, t, d, 1, adaptive=True)
+        self.loaded = load(self.plan, t, d, 1, adaptive=True, chat_template=chat_template)
         self.service = build_service(self.plan, t, d, "tiny")
         if e is not None:
             self.service.embedder = Embedder(e, self.plan.embedding, 1)
