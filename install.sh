@@ -186,6 +186,12 @@ STEP="install specdeck"
 say "installing specdeck$EXTRAS into $VENV"
 "$VPY" -m pip install --quiet -e "$HERE$EXTRAS"
 if [ -n "$EXTRAS" ]; then
+  STEP="fetch llama.cpp's chat templates (test data for the chat-format tests)"
+  if TEMPLATES="$(bash "$HERE/scripts/templates.sh" "$VPY")"; then
+    say "chat templates: $TEMPLATES"
+  else
+    printf '  warning: %s\n' "no chat templates (see the line above): the chat-format tests fetch them when they run"
+  fi
   for tool in promtool nginx; do  # Debian's, for tests/test_prometheus_rules.py and tests/test_nginx.py
     STEP="fetch $tool (the tests run the real one)"
     if TOOL="$(bash "$HERE/scripts/$tool.sh")"; then

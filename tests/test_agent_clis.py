@@ -4,17 +4,25 @@ reach nothing but the server started in it. Each answers one prompt; the test ch
 the model's answer. The target is Qwen2.5-Coder 0.5B (the pair's draft, served alone): the CLIs'
 requests are thousands of tokens, which the 1.5B target evaluates for minutes on two cores.
 
+Then each makes one tool round trip (write a file, then answer) against the CPU pair served with the
+flagship's chat format (`--chat-template-file` Qwen3.5: XML tool calls, <think>), with thinking off
+and greedy sampling by default (`--reasoning-budget 0 --temp 0`): a small Qwen2.5 was never taught
+to think, and Codex sends no temperature.
+
 The CLIs' versions are pinned; they are installed once into ~/.cache/specdeck/npm."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
 from support.live import free_port
+from support.templates import templates_dir
 
 pytestmark = pytest.mark.real
 
@@ -24,6 +32,7 @@ CLIS = {"claude": "@anthropic-ai/claude-code@2.1.197", "codex": "@openai/codex@0
 # The CLIs sample at their own temperature (1.0) with a fresh seed: the question must be one the 0.5B
 # model answers right nearly always ("the capital of France" once came back "Berlin").
 PROMPT = "What is 2 + 2? Answer with one number."
+ATTEMPTS = 4  # runs of a CLI for one tool round trip (see _tries)
 
 
 def _can_unshare() -> bool:
@@ -43,12 +52,13 @@ def clis() -> Path:
     return bin_dir
 
 
-def _in_netns(tmp: Path, real_pair, cli_lines: str, port: int) -> subprocess.CompletedProcess:
+def _in_netns(tmp: Path, real_pair, cli_lines: str, port: int, serve: str | None = None) -> subprocess.CompletedProcess:
     """Start the server inside a fresh loopback-only network namespace, wait for it, run the CLI."""
+    serve = serve or f'--target "{real_pair.draft}" --ctx 24576'
     script = f"""
 set -u
 ip link set lo up
-"{ROOT}/.venv/bin/specdeck" serve --target "{real_pair.draft}" --ctx 24576 --parallel 1 --port {port} \
+"{ROOT}/.venv/bin/specdeck" serve {serve} --parallel 1 --port {port} --log-prompts \
     > "{tmp}/serve.log" 2>&1 &
 for i in $(seq 1 300); do curl -sf http://127.0.0.1:{port}/health > /dev/null && break; sleep 1; done
 {cli_lines}
@@ -87,3 +97,74 @@ def test_codex_cli_answers_through_the_responses_api(clis, real_pair, tmp_path):
     assert run.returncode == 0, (run.stdout[-2000:], run.stderr[-2000:], log[-2000:])
     assert "4" in run.stdout, (run.stdout, run.stderr[-1000:])
     assert '"route": "/v1/responses", "status": 200' in log
+
+
+def _flagship(real_pair, temp: float) -> str:
+    """The CPU pair with Qwen3.6's chat format (the Qwen3.5 template), thinking off."""
+    template = templates_dir() / "Qwen3.5-4B.jinja"
+    return (f'--target "{real_pair.target}" --draft "{real_pair.draft}" --ctx 16384 --chat-template-file "{template}" '
+            f"--reasoning-budget 0 --temp {temp} --max-tokens 1024")
+
+
+@pytest.fixture
+def work():
+    """A short working folder: the small model copies its path into calls (a long one derails it)."""
+    path = Path(tempfile.mkdtemp(prefix="sd", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def _answers(log: str) -> list[dict]:
+    """The server's per-request lines (with --log-prompts: prompt and completion text)."""
+    return [json.loads(line) for line in log.splitlines() if line.startswith('{"request"')]
+
+
+def _tries(cli: str, done: Path, n: int = ATTEMPTS) -> str:
+    """The CLI run until `done` exists, at most n times: the 1.5B stand-in was never taught this format
+    and, sampling, does not always call the tool; the prompt stays cached, so a retry costs seconds."""
+    return f'for i in $(seq 1 {n}); do {cli}; [ -f "{done}" ] && break; done'
+
+
+def _round_trip(log: str, tool: str) -> None:
+    """A call of `tool` in the model's XML format, and after it (its result in the prompt) an answer."""
+    turns = _answers(log)[1:]  # the first is the start-up smoke request
+    called = [i for i, t in enumerate(turns) if f"<function={tool}>" in t["completion"]]
+    assert called, [t["completion"][:300] for t in turns]
+    after = [t for t in turns[called[0] + 1:] if "<tool_response>" in t["prompt"]]
+    assert after, [t["completion"][:300] for t in turns]
+    assert "chat format qwen3-coder" in log
+
+
+def test_claude_code_writes_a_file_through_xml_tool_calls(clis, real_pair, tmp_path, work):
+    home = tmp_path / "home"
+    home.mkdir()
+    target = work / "hello.txt"
+    port = free_port()
+    env = (f'HOME="{home}" ANTHROPIC_BASE_URL=http://127.0.0.1:{port} ANTHROPIC_API_KEY=sk-local '
+           "DISABLE_TELEMETRY=1 DISABLE_AUTOUPDATER=1 CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1")
+    ask = f"Use the Write tool to create the file {target} containing the word hi. Then reply: done."
+    cli = (f'{env} timeout 600 "{clis}/claude" -p "{ask}" --model claude-sonnet-4-5 --tools Write '
+           '--permission-mode acceptEdits --system-prompt "You are a concise assistant."')
+    run = _in_netns(tmp_path, real_pair, f'cd "{work}" && {_tries(cli, target)}', port, _flagship(real_pair, 0))
+    log = (tmp_path / "serve.log").read_text()
+    assert run.returncode == 0, (run.stdout[-2000:], run.stderr[-2000:], log[-3000:])
+    assert target.read_text().strip() == "hi", log[-3000:]
+    _round_trip(log, "Write")
+
+
+def test_codex_runs_a_command_through_xml_tool_calls(clis, real_pair, tmp_path, work):
+    codex_home = tmp_path / "codex"
+    codex_home.mkdir()
+    port = free_port()
+    (codex_home / "config.toml").write_text(
+        'model = "gpt-5-codex"\nmodel_provider = "specdeck"\n\n[model_providers.specdeck]\nname = "specdeck"\n'
+        f'base_url = "http://127.0.0.1:{port}/v1"\nenv_key = "SPECDECK_API_KEY"\nwire_api = "responses"\n')
+    env = f'HOME="{tmp_path}" CODEX_HOME="{codex_home}" SPECDECK_API_KEY=sk-local'
+    ask = "Call the exec_command tool with cmd set to: echo hi > hello.txt . After it runs, reply: done."
+    cli = f'{env} timeout 600 "{clis}/codex" exec --skip-git-repo-check --dangerously-bypass-approvals-and-sandbox "{ask}"'
+    run = _in_netns(tmp_path, real_pair, f'cd "{work}" && {_tries(cli, work / "hello.txt")}', port,
+                    _flagship(real_pair, 0.7))
+    log = (tmp_path / "serve.log").read_text()
+    assert run.returncode == 0, (run.stdout[-2000:], run.stderr[-2000:], log[-3000:])
+    assert (work / "hello.txt").read_text().strip() == "hi", (run.stdout[-2000:], log[-3000:])
+    _round_trip(log, "exec_command")

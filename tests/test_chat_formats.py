@@ -330,3 +330,59 @@ def test_call_grammars_parse_in_llama_cpp(spec, gbnf_check):
 def test_a_lazy_grammar_starts_at_the_formats_opening(spec, answer, triggers):
     (pattern,) = call_grammar(spec, TOOLS, forced=False).triggers
     assert bool(re.search(pattern, answer)) == triggers
+
+
+def test_a_stray_closing_marker_never_reaches_the_content():
+    """Told not to think, a model may still write </think>: the marker is dropped, whole and streamed."""
+    spec = ChatSpec(F["qwen3-coder"], THINK)
+    text = f"I will call it.\n</think>\n{XML_RAIN}"
+    whole = _whole(spec, False, text)
+    assert whole == Parsed("", "I will call it.", [RAIN])
+    for cut in range(len(text) + 1):
+        assert _streamed(spec, False, [text[:cut], text[cut:]]) == whole
+
+
+def test_text_values_stop_at_the_calls_own_closing_tags(gbnf_check):
+    """A Qwen3-Coder text value may not run past </parameter>, </function> or </tool_call>: a model
+    that closes a parameter with the wrong tag is led back to the call's end, not kept in the value."""
+    from app.chat.gbnf import until
+
+    rule = until("\n</parameter>", "\n</function>", "\n</tool_call>")
+    for delimiter in ("\n</parameter>", "\n</function>", "\n</tool_call>"):
+        assert f"{json.dumps(delimiter[:-1])} [^{delimiter[-1]}]" in rule, rule
+    assert '"\\n</" [^fpt]' in rule  # the shared start continues only where no delimiter does
+    assert gbnf_check(f"root ::= {rule}")
+
+
+def test_after_lazy_calls_the_answer_may_go_on_in_text(gbnf_check):
+    """Lazy: calls, then free text (not markup) or the end; a model is not made to write call after call.
+    Forced: calls only."""
+    spec = ChatSpec(F["qwen3-coder"], THINK)
+    lazy = call_grammar(spec, TOOLS, forced=False)
+    root = next(line for line in lazy.gbnf.splitlines() if line.startswith("root ::="))
+    assert root.endswith("after-calls") and gbnf_check(lazy.gbnf, lazy.triggers)
+    forced = call_grammar(spec, TOOLS, forced=True)
+    assert "after-calls" not in forced.gbnf
+    whole = call_grammar(ChatSpec(F["llama3"]), TOOLS, forced=False)  # a JSON answer: nothing after it
+    assert "after-calls" not in whole.gbnf
+
+
+def test_system_messages_join_at_the_start_only_when_there_are_several_or_late_ones():
+    from app.server.answer import leading_system
+
+    one = [{"role": "system", "content": "a"}, {"role": "user", "content": "q"}]
+    assert leading_system(one) is one
+    late = [{"role": "system", "content": "a"}, {"role": "user", "content": "q"}, {"role": "system", "content": "b"}]
+    assert leading_system(late) == [{"role": "system", "content": "a\n\nb"}, {"role": "user", "content": "q"}]
+    two = [{"role": "system", "content": "a"}, {"role": "system", "content": "b"}, {"role": "user", "content": "q"}]
+    assert leading_system(two)[0] == {"role": "system", "content": "a\n\nb"} and len(leading_system(two)) == 2
+
+
+def test_a_call_written_again_is_one_call_and_marks_a_loop():
+    spec = ChatSpec(F["qwen3-coder"])
+    stream = ChatStream(spec, TOOLS)
+    deltas = stream.push(f"{XML_RAIN}\n{XML_OSLO}\n")
+    assert not stream.repeating and [d.call for d in deltas if isinstance(d, CallEnd)] == [RAIN, OSLO]
+    assert [d for d in stream.push(XML_RAIN) if isinstance(d, CallEnd)] == [] and stream.repeating
+    _, whole = stream.finish()
+    assert whole.calls == [RAIN, OSLO]
