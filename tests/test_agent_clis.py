@@ -69,6 +69,16 @@ exit $rc
     return subprocess.run(["unshare", "-n", "bash", "-c", script], capture_output=True, text=True, timeout=1500)
 
 
+def _codex_env(tmp_path: Path, port: int) -> str:
+    """Codex's home with the server as its Responses provider; the environment to run it with."""
+    codex_home = tmp_path / "codex"
+    codex_home.mkdir()
+    (codex_home / "config.toml").write_text(
+        'model = "gpt-5-codex"\nmodel_provider = "specdeck"\n\n[model_providers.specdeck]\nname = "specdeck"\n'
+        f'base_url = "http://127.0.0.1:{port}/v1"\nenv_key = "SPECDECK_API_KEY"\nwire_api = "responses"\n')
+    return f'HOME="{tmp_path}" CODEX_HOME="{codex_home}" SPECDECK_API_KEY=sk-local'
+
+
 def test_claude_code_answers_through_the_messages_api(clis, real_pair, tmp_path):
     home = tmp_path / "home"
     home.mkdir()
@@ -84,13 +94,8 @@ def test_claude_code_answers_through_the_messages_api(clis, real_pair, tmp_path)
 
 
 def test_codex_cli_answers_through_the_responses_api(clis, real_pair, tmp_path):
-    codex_home = tmp_path / "codex"
-    codex_home.mkdir()
     port = free_port()
-    (codex_home / "config.toml").write_text(
-        'model = "gpt-5-codex"\nmodel_provider = "specdeck"\n\n[model_providers.specdeck]\nname = "specdeck"\n'
-        f'base_url = "http://127.0.0.1:{port}/v1"\nenv_key = "SPECDECK_API_KEY"\nwire_api = "responses"\n')
-    env = f'HOME="{tmp_path}" CODEX_HOME="{codex_home}" SPECDECK_API_KEY=sk-local'
+    env = _codex_env(tmp_path, port)
     run = _in_netns(tmp_path, real_pair, f'cd "{tmp_path}" && {env} timeout 900 "{clis}/codex" exec '
                     f'--skip-git-repo-check "{PROMPT}"', port)
     log = (tmp_path / "serve.log").read_text()
@@ -153,13 +158,8 @@ def test_claude_code_writes_a_file_through_xml_tool_calls(clis, real_pair, tmp_p
 
 
 def test_codex_runs_a_command_through_xml_tool_calls(clis, real_pair, tmp_path, work):
-    codex_home = tmp_path / "codex"
-    codex_home.mkdir()
     port = free_port()
-    (codex_home / "config.toml").write_text(
-        'model = "gpt-5-codex"\nmodel_provider = "specdeck"\n\n[model_providers.specdeck]\nname = "specdeck"\n'
-        f'base_url = "http://127.0.0.1:{port}/v1"\nenv_key = "SPECDECK_API_KEY"\nwire_api = "responses"\n')
-    env = f'HOME="{tmp_path}" CODEX_HOME="{codex_home}" SPECDECK_API_KEY=sk-local'
+    env = _codex_env(tmp_path, port)
     ask = "Call the exec_command tool with cmd set to: echo hi > hello.txt . After it runs, reply: done."
     cli = f'{env} timeout 600 "{clis}/codex" exec --skip-git-repo-check --dangerously-bypass-approvals-and-sandbox "{ask}"'
     run = _in_netns(tmp_path, real_pair, f'cd "{work}" && {_tries(cli, work / "hello.txt")}', port,

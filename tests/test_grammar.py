@@ -1,6 +1,7 @@
 """Grammar-constrained generation: the target samples under llama.cpp's grammar sampler, and a
 drafted token the grammar forbids is rejected, so speculation stays lossless and valid."""
 
+import json
 import re
 
 import pytest
@@ -88,3 +89,21 @@ def test_bad_grammar_is_a_clear_error(target):
         grammar_sampler(target.model.vocab, "root ::= (")
     with pytest.raises(SpecdeckError, match="grammar"):
         TokenSampler(SamplingParams(grammar="nonsense"), target.model.n_vocab, target.model.vocab)
+
+
+def test_a_lazy_grammar_applies_from_its_trigger_and_speculation_stays_lossless(target):
+    """llama.cpp's lazy grammar (as `auto` tool calls use it): free output until the trigger pattern
+    matches, then constrained from the match on; drafts the grammar forbids are rejected, the
+    grammar's own answer drafted is kept, and the output is the same with speculation and without."""
+    tok = Tokenizer(target.model, None)
+    free, _ = _run(target, None, SamplingParams())
+    lead = tok.decode(free[:2])  # the unconstrained answer's first two tokens' text: the trigger
+    grammar = f'root ::= {json.dumps(lead)} (" a" | " b")+'
+    sampling = SamplingParams(grammar=grammar, grammar_triggers=(re.escape(lead),))
+    plain, _ = _run(target, None, sampling)
+    text = tok.decode(plain)
+    assert plain[:2] == free[:2] and plain != free and re.fullmatch(re.escape(lead) + r"( a| b)+", text), text
+    out, rec = _run(target, Forbidden(), sampling)
+    assert out == plain and rec.drafted > 0
+    out2, rec2 = _run(target, ListDrafter([PROMPT + plain]), sampling)
+    assert out2 == plain and rec2.accepted > 0

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import Protocol
 
 from fastapi import Request
 
+from app.chat.format import Call
 from app.chat.grammar import call_grammar
-from app.chat.stream import ChatStream, Delta, Parsed, TextDelta
+from app.chat.stream import CallArguments, CallEnd, CallStart, ChatStream, Delta, Parsed, ReasoningDelta, TextDelta
 from app.engine.records import RequestRecord, StepRecord
 from app.errors import SpecdeckError
 from app.server.core import FINISH, Service, events, failed_error, stopping_error
@@ -215,6 +217,30 @@ class Answer:
                     raise stopping_error()
                 return item
         raise ApiError(499, "client closed the request")
+
+
+class DeltaSink(Protocol):
+    """An API's stream writer: the events for each kind of delta."""
+
+    def reasoning(self, text: str) -> list[bytes]: ...
+
+    def text(self, text: str) -> list[bytes]: ...
+
+    def call(self, call: Call) -> list[bytes]: ...
+
+
+def delta_events(item, sink: DeltaSink) -> list[bytes] | None:
+    """A reasoning, text or finished-call delta as the sink's events; None for anything else (the
+    start and argument deltas of a call, which sinks that send a call whole do not need, give [])."""
+    if isinstance(item, ReasoningDelta):
+        return sink.reasoning(item.text)
+    if isinstance(item, TextDelta):
+        return sink.text(item.text)
+    if isinstance(item, CallEnd):
+        return sink.call(item.call)
+    if isinstance(item, (CallStart, CallArguments)):
+        return []
+    return None
 
 
 def thinking_of(effort: str | None, kwargs: dict | None) -> bool | None:

@@ -21,10 +21,10 @@ from fastapi.responses import StreamingResponse
 from pydantic import Field
 
 from app.chat.format import Call
-from app.chat.stream import CallEnd, Parsed, ReasoningDelta, TextDelta
+from app.chat.stream import Parsed
 from app.engine.records import RequestRecord
 from app.errors import SpecdeckError
-from app.server.answer import Answer, Failure, Final, chat_prompt, render_prompt
+from app.server.answer import Answer, Failure, Final, chat_prompt, delta_events, render_prompt
 from app.server.core import (
     STREAM_HEADERS,
     Service,
@@ -290,7 +290,7 @@ class _Blocks:
         start = {"type": "thinking", "thinking": "", "signature": ""} if kind == "thinking" else {"type": "text", "text": ""}
         return out + [_event("content_block_start", {"index": self.index, "content_block": start})]
 
-    def thinking(self, delta: str) -> list[bytes]:
+    def reasoning(self, delta: str) -> list[bytes]:
         return self._switch("thinking") + [
             _event("content_block_delta", {"index": self.index, "delta": {"type": "thinking_delta", "thinking": delta}})]
 
@@ -307,7 +307,7 @@ class _Blocks:
         self.open = None
         return out + [_event("content_block_stop", {"index": self.index})]
 
-    def tool_use(self, call: Call) -> list[bytes]:
+    def call(self, call: Call) -> list[bytes]:
         out = self.close()
         self.index += 1
         start = {"type": "tool_use", "id": _tool_use_id(), "name": call.name, "input": {}}
@@ -332,17 +332,15 @@ async def _stream(request: Request, answer: Answer, service: Service, n_prompt: 
         if not started and not isinstance(item, Failure):
             started = True
             yield start()
-        out: list[bytes] = []
-        if isinstance(item, ReasoningDelta):
-            out = blocks.thinking(item.text)
-        elif isinstance(item, TextDelta):
-            out = blocks.text(item.text)
-        elif isinstance(item, CallEnd):
-            out = blocks.tool_use(item.call)
+        out = delta_events(item, blocks)
+        if out is not None:
+            for chunk in out:
+                yield chunk
         elif isinstance(item, Failure):
             yield _event("error", {"error": shaped("/v1/messages", ApiError(item.status, item.message))["error"]})
             return
         elif isinstance(item, Final):
+            out = []
             if blocks.index < 0 and item.finish != "abort":  # an empty answer is still one (empty) text block
                 out += blocks.text("")
             out += blocks.close()
@@ -355,5 +353,3 @@ async def _stream(request: Request, answer: Answer, service: Service, n_prompt: 
                                            "usage": _usage(item.record)})
             yield _event("message_stop", {})
             return
-        for chunk in out:
-            yield chunk

@@ -22,11 +22,11 @@ from fastapi.responses import StreamingResponse
 from pydantic import Field
 
 from app.chat.format import Call
-from app.chat.stream import CallEnd, Parsed, ReasoningDelta, TextDelta
+from app.chat.stream import Parsed
 from app.engine.records import RequestRecord
 from app.engine.sampling import check_grammar
 from app.errors import SpecdeckError
-from app.server.answer import Answer, Failure, Final, chat_prompt, thinking_of
+from app.server.answer import Answer, Failure, Final, chat_prompt, delta_events, thinking_of
 from app.server.core import (
     STREAM_HEADERS,
     Service,
@@ -352,19 +352,17 @@ async def _stream(request: Request, answer: Answer, shell: dict, service: Servic
     yield ev("response.created", response=shell)
     yield ev("response.in_progress", response=shell)
     async for item in answer.stream(request):
-        out: list[bytes] = []
-        if isinstance(item, ReasoningDelta):
-            out = items.reasoning(item.text)
-        elif isinstance(item, TextDelta):
-            out = items.text(item.text)
-        elif isinstance(item, CallEnd):
-            out = items.call(item.call)
+        out = delta_events(item, items)
+        if out is not None:
+            for chunk in out:
+                yield chunk
         elif isinstance(item, Failure) or (isinstance(item, Final) and item.finish == "abort"):
             message = item.message if isinstance(item, Failure) else SHUTTING_DOWN
             yield ev("response.failed", response={**shell, "status": "failed",
                                                   "error": {"code": "server_error", "message": message}})
             return
         elif isinstance(item, Final):
+            out = []
             if not items.done and items.open is None:  # an empty answer is still one (empty) message
                 out += items.text("")
             out += items.close()
@@ -373,5 +371,3 @@ async def _stream(request: Request, answer: Answer, shell: dict, service: Servic
             final = _finished(shell, items.done, item, service)
             yield ev("response.completed" if final["status"] == "completed" else "response.incomplete", response=final)
             return
-        for chunk in out:
-            yield chunk
