@@ -83,3 +83,20 @@ def test_hf_uri_and_refs(tmp_path):
     assert sel.draft is None and sel.target.path is not None
     with pytest.raises(CatalogError):
         select(c, "coder-1.5b", "x.gguf", None, lambda: "")
+
+
+def test_a_presets_chat_template_file_is_read_beside_the_catalogue(tmp_path):
+    """`chat_template_file` in a preset: relative to the catalogue, and what serve uses in place of
+    the target's own template (unless --chat-template-file names another)."""
+    from app.commands.common import chat_template
+
+    bundled = (Path(load_catalog().source)).read_text(encoding="utf-8")
+    (tmp_path / "qwen.jinja").write_text("{% for m in messages %}{{ m.content }}{% endfor %}", encoding="utf-8")
+    text = bundled.replace('[presets."coder-1.5b"]', '[presets."coder-1.5b"]\nchat_template_file = "qwen.jinja"', 1)
+    catalog = parse_catalog(text, tmp_path / "models.toml")
+    sel = select(catalog, "coder-1.5b", None, None, lambda: "coder-1.5b")
+    assert sel.chat_template_file == tmp_path / "qwen.jinja"
+    assert chat_template(None, sel).startswith("{% for m in messages %}")
+    other = tmp_path / "other.jinja"
+    other.write_text("{{ messages[0].content }}", encoding="utf-8")
+    assert chat_template(other, sel) == "{{ messages[0].content }}"
