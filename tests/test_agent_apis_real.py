@@ -118,3 +118,54 @@ def test_infill_n_predict_zero_warms_the_cache(qwen):
     assert warm["tokens_predicted"] == 0 and warm["content"] == "" and warm["tokens_evaluated"] > 200
     done = c.post("/infill", json={**body, "n_predict": 12}).json()
     assert done["timings"]["prompt_cached"] >= warm["tokens_evaluated"] - 1 and "a + b" in done["content"]
+
+
+def _long_question(tag: str, n_words: int = 300) -> str:
+    """A prompt the 1.5B target takes several seconds to read on two cores (each call its own, so no
+    cached prefix shortens it)."""
+    words = " ".join(f"{tag}{i % 97}" for i in range(n_words))
+    return f"[{tag}] Here is a list: {words}\nSay only: ok."
+
+
+def _timed_lines(response) -> list[tuple[float, str]]:
+    import time
+
+    t0 = time.monotonic()
+    return [(time.monotonic() - t0, line) for line in response.iter_lines() if line]
+
+
+KEEP_ALIVE = 1.0  # --keep-alive for this test: seconds of silence before a keep-alive
+
+
+@pytest.fixture(scope="module")
+def lively(real_pair):
+    s = LiveServer(real_pair.target, real_pair.draft, ServeSettings(port=free_port(), keep_alive=KEEP_ALIVE), parallel=1,
+                   ctx=4096)
+    yield s
+    s.close()
+
+
+def test_streams_open_at_once_and_stay_alive_while_a_long_prompt_is_read(lively):
+    """The stream opens before the prompt is read (the role chunk; Anthropic's message_start and ping),
+    and keep-alives (SSE comments; Anthropic pings) come while it is read, before the first token, so
+    a client's idle watchdog never sees a silent server."""
+    with httpx.Client(base_url=lively.url, timeout=600) as c:
+        body = {"messages": [{"role": "user", "content": _long_question("oa")}], "max_tokens": 2, "stream": True}
+        with c.stream("POST", "/v1/chat/completions", json=body) as r:
+            lines = _timed_lines(r)
+        # the last chunk (max_tokens 2: it follows the prompt's reading at once) marks when the prompt was read
+        first_token = next((t for t, line in lines if '"timings"' in line), None)
+        assert first_token is not None and first_token > 3 * KEEP_ALIVE, lines[:5]  # long enough to need them
+        assert lines[0][0] < KEEP_ALIVE and '"role": "assistant"' in lines[0][1], lines[:3]
+        alive = [t for t, line in lines if line == ": keep-alive"]
+        assert len([t for t in alive if t < first_token]) >= 2, lines
+        assert all(b - a < KEEP_ALIVE + 1.5 for a, b in zip(alive, alive[1:])), alive
+
+        body = {"model": "x", "max_tokens": 2, "stream": True,
+                "messages": [{"role": "user", "content": _long_question("an")}]}
+        with c.stream("POST", "/v1/messages", json=body) as r:
+            lines = _timed_lines(r)
+        kinds = [(t, line[7:]) for t, line in lines if line.startswith("event: ")]
+        assert kinds[0][1] == "message_start" and kinds[0][0] < KEEP_ALIVE, kinds[:3]
+        text_at = next(t for t, k in kinds if k == "content_block_start")
+        assert len([t for t, k in kinds if k == "ping" and t < text_at]) >= 3, kinds  # beyond the opening one

@@ -17,7 +17,7 @@ from app.chat.grammar import call_grammar
 from app.chat.stream import CallArguments, CallEnd, CallStart, ChatStream, Delta, Parsed, ReasoningDelta, TextDelta
 from app.engine.records import RequestRecord, StepRecord
 from app.errors import SpecdeckError
-from app.server.core import FINISH, Service, events, failed_error, stopping_error
+from app.server.core import FINISH, Idle, Service, events, failed_error, stopping_error
 from app.server.errors import ApiError
 from app.server.scheduler import Done, Failed, Job
 from app.server.textstream import TextStream
@@ -180,11 +180,14 @@ class Answer:
             finish = FINISH.get(rec.finish_reason or "stop", "stop")
         return deltas, Final(rec, parsed, finish, self.text.stopped_by)
 
-    async def stream(self, request: Request) -> AsyncIterator[Delta | Final | Failure]:
-        """Deltas as the answer grows, then a Final (or a Failure). Ends without either when the
-        client went away (the job is cancelled)."""
-        async for event in events(request, self.job):
-            if isinstance(event, StepRecord):
+    async def stream(self, request: Request, keep_alive: float | None = None) -> AsyncIterator[Delta | Final | Failure | Idle]:
+        """Deltas as the answer grows, then a Final (or a Failure); `Idle` after `keep_alive` quiet
+        seconds (a stream's cue for a keep-alive). Ends without a Final when the client went away
+        (the job is cancelled)."""
+        async for event in events(request, self.job, keep_alive):
+            if isinstance(event, Idle):
+                yield event
+            elif isinstance(event, StepRecord):
                 self._logprobs += event.logprobs or []
                 self.step_tokens = event.tokens
                 piece = self.text.push(event.tokens)

@@ -27,6 +27,7 @@ from app.errors import SpecdeckError
 from app.server.answer import Answer, Failure, Final, chat_prompt, delta_events, render_prompt
 from app.server.core import (
     STREAM_HEADERS,
+    Idle,
     Service,
     check_model,
     refuse_images,
@@ -110,7 +111,7 @@ def add_anthropic_routes(app: FastAPI, settings: ServeSettings, service: Service
             raise
         answer = Answer(service, job, sampling.stops(), prompt.stream(service))
         if body.stream:
-            return StreamingResponse(_stream(request, answer, service, len(prompt.ids)),
+            return StreamingResponse(_stream(request, answer, service, len(prompt.ids), settings.keep_alive),
                                      media_type="text/event-stream", headers=STREAM_HEADERS)
         final = await answer.whole(request)
         return {"id": "msg_" + job.id, "type": "message", "role": "assistant", "model": service.model_id,
@@ -317,23 +318,23 @@ class _Blocks:
                       _event("content_block_stop", {"index": self.index})]
 
 
-async def _stream(request: Request, answer: Answer, service: Service, n_prompt: int) -> AsyncIterator[bytes]:
+async def _stream(request: Request, answer: Answer, service: Service, n_prompt: int,
+                  keep_alive: float) -> AsyncIterator[bytes]:
     """Anthropic's event sequence: message_start, ping, content blocks (thinking and text deltas; a tool
     call as one input_json_delta once it is whole), message_delta (stop reason, usage), message_stop."""
-    blocks, started, job = _Blocks(), False, answer.job
+    blocks, job = _Blocks(), answer.job
 
-    def start() -> bytes:
-        cached = job.slot.record.reused_tokens if job.slot is not None and job.slot.record is not None else 0
+    def start() -> bytes:  # the prompt's cached part is not known yet: message_delta's usage has it
         message = {"id": "msg_" + job.id, "type": "message", "role": "assistant", "model": service.model_id,
-                   "content": [], "stop_reason": None, "stop_sequence": None, "usage": _usage(None, n_prompt, cached)}
+                   "content": [], "stop_reason": None, "stop_sequence": None, "usage": _usage(None, n_prompt, 0)}
         return _event("message_start", {"message": message}) + _event("ping", {})
 
-    async for item in answer.stream(request):
-        if not started and not isinstance(item, Failure):
-            started = True
-            yield start()
+    yield start()  # at once: the client sees its stream open before the prompt is read
+    async for item in answer.stream(request, keep_alive):
         out = delta_events(item, blocks)
-        if out is not None:
+        if isinstance(item, Idle):
+            yield _event("ping", {})
+        elif out is not None:
             for chunk in out:
                 yield chunk
         elif isinstance(item, Failure):

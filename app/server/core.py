@@ -169,8 +169,16 @@ def usage(rec: RequestRecord) -> dict:
             "prompt_tokens_details": {"cached_tokens": rec.reused_tokens}}
 
 
-async def events(request: Request, job: Job) -> AsyncIterator:
-    """The job's events; if the client goes away, the job is cancelled (its slot freed at once)."""
+@dataclass
+class Idle:
+    """Nothing new for --keep-alive seconds (the prompt is still being read): a stream sends a
+    keep-alive, so no client's idle watchdog takes the wait for a dead server."""
+
+
+async def events(request: Request, job: Job, keep_alive: float | None = None) -> AsyncIterator:
+    """The job's events (and `Idle` after `keep_alive` quiet seconds); if the client goes away, the
+    job is cancelled (its slot freed at once)."""
+    quiet_since = time.monotonic()
     try:
         while True:
             try:
@@ -179,7 +187,11 @@ async def events(request: Request, job: Job) -> AsyncIterator:
                 if await request.is_disconnected():
                     job.cancel()
                     return
+                if keep_alive is not None and time.monotonic() - quiet_since >= keep_alive:
+                    quiet_since = time.monotonic()
+                    yield Idle()
                 continue
+            quiet_since = time.monotonic()
             yield event
             if isinstance(event, (Done, Failed)):
                 return

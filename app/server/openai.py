@@ -20,6 +20,7 @@ from app.errors import SpecdeckError
 from app.server.answer import Answer, ChatPrompt, Failure, Final, chat_prompt, render_prompt, thinking_of
 from app.server.core import (
     STREAM_HEADERS,
+    Idle,
     Service,
     check_model,
     check_vocab,
@@ -216,7 +217,7 @@ async def _generate(request: Request, service: Service, settings: ServeSettings,
     head = {"id": rid, "object": "chat.completion" if kind == "chat" else "text_completion", "created": created,
             "model": service.model_id, "system_fingerprint": service.fingerprint}
     if body.stream:
-        return StreamingResponse(_stream(request, answer, kind, head, service, body, echo, offset),
+        return StreamingResponse(_stream(request, answer, kind, head, service, body, echo, offset, settings.keep_alive),
                                  media_type="text/event-stream", headers=STREAM_HEADERS)
     final = await answer.whole(request)
     record, parsed = final.record, final.parsed
@@ -266,7 +267,7 @@ def _sse(obj: dict) -> bytes:
 
 
 async def _stream(request: Request, answer: Answer, kind: str, head: dict, service: Service, body: Sampling,
-                  echo: str, offset: int) -> AsyncIterator[bytes]:
+                  echo: str, offset: int, keep_alive: float) -> AsyncIterator[bytes]:
     head = {**head, "object": "chat.completion.chunk" if kind == "chat" else "text_completion"}
     want_lps = answer.job.request.logprobs is not None
     sent = offset
@@ -289,8 +290,10 @@ async def _stream(request: Request, answer: Answer, kind: str, head: dict, servi
     if kind == "chat":  # the role at once: a client sees its stream open before the prompt is read
         yield _sse(chunk({"role": "assistant", "content": ""}))
     calls = 0
-    async for item in answer.stream(request):
-        if isinstance(item, TextDelta):
+    async for item in answer.stream(request, keep_alive):
+        if isinstance(item, Idle):
+            yield b": keep-alive\n\n"  # an SSE comment: clients skip it, their idle timers restart
+        elif isinstance(item, TextDelta):
             yield _sse(chunk({"content": item.text} if kind == "chat" else item.text))
         elif isinstance(item, ReasoningDelta):
             yield _sse(chunk({"reasoning_content": item.text}))

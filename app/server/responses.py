@@ -29,6 +29,7 @@ from app.errors import SpecdeckError
 from app.server.answer import Answer, Failure, Final, chat_prompt, delta_events, thinking_of
 from app.server.core import (
     STREAM_HEADERS,
+    Idle,
     Service,
     check_model,
     refuse_images,
@@ -98,7 +99,8 @@ def add_responses_routes(app: FastAPI, settings: ServeSettings, service: Service
         answer = Answer(service, job, [], prompt.stream(service))
         shell = _response(body, service, "resp_" + job.id, "in_progress", [], None)
         if body.stream:
-            return StreamingResponse(_stream(request, answer, shell, service), media_type="text/event-stream",
+            return StreamingResponse(_stream(request, answer, shell, service, settings.keep_alive),
+                                     media_type="text/event-stream",
                                      headers=STREAM_HEADERS)
         final = await answer.whole(request)
         return _finished(shell, _output_items(final.parsed), final, service)
@@ -346,14 +348,17 @@ class _Items:
             self.ev("response.output_item.done", output_index=index, item=item)]
 
 
-async def _stream(request: Request, answer: Answer, shell: dict, service: Service) -> AsyncIterator[bytes]:
+async def _stream(request: Request, answer: Answer, shell: dict, service: Service,
+                  keep_alive: float) -> AsyncIterator[bytes]:
     ev = _Events()
     items = _Items(ev)
     yield ev("response.created", response=shell)
     yield ev("response.in_progress", response=shell)
-    async for item in answer.stream(request):
+    async for item in answer.stream(request, keep_alive):
         out = delta_events(item, items)
-        if out is not None:
+        if isinstance(item, Idle):
+            yield b": keep-alive\n\n"  # an SSE comment: clients skip it, their idle timers restart
+        elif out is not None:
             for chunk in out:
                 yield chunk
         elif isinstance(item, Failure) or (isinstance(item, Final) and item.finish == "abort"):

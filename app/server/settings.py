@@ -31,6 +31,8 @@ class ServeSettings(BaseSettings):
     temperature: float | None = Field(None, ge=0.0, le=2.0, json_schema_extra={"flag": "--temp"},
                                       description="sampling temperature of a request that sets none (llama-server's "
                                                   "--temp; default: each API's own, 1.0 for OpenAI's and Anthropic's)")
+    keep_alive: float = Field(10.0, gt=0, le=300, description="seconds a stream may stay silent (a long prompt being "
+                              "read) before it sends a keep-alive (an SSE comment; Anthropic's ping)")
     shutdown_grace: float = Field(2.0, ge=0, description="seconds generation in flight may go on after SIGTERM")
     start_timeout: float = Field(900.0, gt=0, description="seconds a start may take to load and pass its smoke request "
                                                           "before it counts as failed (with --fallback the last good revision then starts)")
