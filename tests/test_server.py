@@ -273,3 +273,17 @@ def test_qwen_parallel_streams_complete(qwen_server):
     with concurrent.futures.ThreadPoolExecutor(3) as pool:
         reasons = list(pool.map(one, range(3)))
     assert reasons == ["length"] * 3
+
+
+def test_probes_of_the_root_answer_200_and_clients_gone_are_not_failures(tiny_server):
+    """Claude Code's reachability probe (HEAD /) is answered as llama-server and Ollama answer it; a
+    request whose client went away (499) is neither a failure nor a refusal in the alert's counts."""
+    from app.server.metrics import Metrics
+
+    assert httpx.head(tiny_server.url + "/").status_code == 200
+    assert httpx.get(tiny_server.url + "/").text == "specdeck is running"
+    m = Metrics()
+    for status, n in (("200", 5), ("499", 7), ("500", 1), ("429", 2), ("404", 1)):
+        m.requests.labels("/v1/chat/completions", status).inc(n)
+    assert m.status_counts() == (9, 2, 2)
+    assert "specdeck_client_gone_total" in httpx.get(tiny_server.url + "/metrics").text

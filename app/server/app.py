@@ -28,7 +28,7 @@ from app.server.core import (
     status_json,
 )
 from app.server.embeddings import add_embedding_routes
-from app.server.errors import ApiError, error_response, validation_error
+from app.server.errors import CLIENT_GONE, ApiError, error_response, validation_error
 from app.server.keys import KeyGate, KeyStore, Windows
 from app.server.limits import BodyLimit
 from app.server.llamacpp import add_llamacpp_routes, add_unprefixed_routes
@@ -82,7 +82,10 @@ def create_app(settings: ServeSettings, service: Service) -> FastAPI:
 
     @app.exception_handler(ApiError)
     async def api_error(request: Request, e: ApiError):
-        metrics.errors.labels(e.type).inc()
+        if e.status == CLIENT_GONE:  # the client gave up: its habit, not the server's fault
+            metrics.client_gone.inc()
+        else:
+            metrics.errors.labels(e.type).inc()
         return error_response(request.url.path, e)
 
     @app.exception_handler(RequestValidationError)
@@ -96,6 +99,11 @@ def create_app(settings: ServeSettings, service: Service) -> FastAPI:
                                                          "not_found_error" if e.status_code == 404 else "invalid_request_error"))
 
     # -- health, status, metrics -------------------------------------------------------------
+
+    @app.api_route("/", methods=["GET", "HEAD"], include_in_schema=False)
+    async def running():
+        """A reachability probe (Claude Code sends HEAD /): 200, as llama-server and Ollama answer it."""
+        return PlainTextResponse("specdeck is running")
 
     @app.get("/health")
     async def health(fail_on_no_slot: bool = False):

@@ -8,6 +8,8 @@ import json
 
 from fastapi.responses import JSONResponse
 
+CLIENT_GONE = 499  # nginx's status for a client that closed the request before the answer
+
 
 class ApiError(Exception):
     def __init__(self, status: int, message: str, type_: str = "invalid_request_error", param: str | None = None,

@@ -17,6 +17,8 @@ class Metrics:
         self.key_limited = Counter("specdeck_key_limited_total", "Requests refused (429) for their key's per-minute limit "
                                    "(not in specdeck_requests_total: the server was not busy)", ["key"], registry=r)
         self.errors = Counter("specdeck_errors_total", "Failed requests", ["kind"], registry=r)
+        self.client_gone = Counter("specdeck_client_gone_total", "Requests whose client went away before the answer "
+                                   "(499; not errors)", registry=r)
         self.ttft = Histogram("specdeck_ttft_seconds", "Time to first token", registry=r,
                               buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120))
         self.tokens_per_second = Gauge("specdeck_tokens_per_second", "Generated tokens per second, last 10 s", registry=r)
@@ -45,13 +47,16 @@ class Metrics:
         self.gpu_memory_total = Gauge("specdeck_gpu_memory_total_bytes", "GPU memory in all", gpu, registry=r)
 
     def status_counts(self) -> tuple[int, int, int]:
-        """(requests answered, of them failed: 4xx/5xx except 429, of them refused: 429), from the counter."""
+        """(requests answered, of them failed: 4xx/5xx except 429, of them refused: 429), from the counter.
+        499 (the client went away before its answer) is the client's doing: not counted here at all."""
         total = failed = rejected = 0
         for family in self.requests.collect():
             for m in family.samples:
                 if not m.name.endswith("_total"):
                     continue
                 n, status = int(m.value), m.labels.get("status", "")
+                if status == "499":
+                    continue
                 total += n
                 if status == "429":
                     rejected += n
