@@ -194,7 +194,7 @@ def add_ollama_routes(app: FastAPI, settings: ServeSettings, service: Service, m
         tools = [t.function.model_dump(exclude_none=True) for t in body.tools or []]
         if tools and not service.supports_tools:
             raise ApiError(400, f"{body.model} does not support tools")
-        think = None if body.think is None else body.think is not False
+        think = _think(body.think)
         prompt = chat_prompt(service, [_message(m) for m in body.messages], tools, None, think)
         format_grammar = _format_grammar(body.format)
         grammar, triggers = (format_grammar, ()) if format_grammar is not None else (prompt.grammar, prompt.triggers)
@@ -295,6 +295,11 @@ def _format_grammar(fmt: str | dict | None) -> str | None:
         raise ApiError(400, e.message, param="format") from None
 
 
+def _think(value: bool | str | None) -> bool | None:
+    """Ollama's `think`: true or a level ("high", "medium", "low") is on, false off, absent the template's."""
+    return None if value is None else value is not False
+
+
 def _ollama_call(call: Call) -> dict:
     return {"function": {"name": call.name, "arguments": call.arguments}}
 
@@ -315,7 +320,7 @@ def _generate_tokens(service: Service, body: GenerateRequest) -> tuple[list[int]
     else:
         messages = ([{"role": "system", "content": body.system}] if body.system else []) + [
             {"role": "user", "content": body.prompt}]
-        think = None if body.think is None else body.think is not False
+        think = _think(body.think)
         ids, started = render_prompt(service, messages, [], think)
         chat = ChatStream(service.chat, None, started)
         if body.context and ids and tok.add_bos and ids[0] == tok.bos:
