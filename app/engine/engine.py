@@ -87,6 +87,32 @@ class Slot:
     sampler: TokenSampler | None = None
     rng: np.random.Generator | None = None
     generated: int = 0
+    prefill: Prefill | None = None  # the prompt being evaluated into this slot, chunk by chunk
+    # cells the cache's first `shared` tokens share with slot `lender`'s (a borrowed prefix): counted
+    # once, at the lender, when the pool's free cells are reckoned
+    lender: int | None = None
+    shared: int = 0
+
+
+@dataclass
+class Prefill:
+    """A prompt on its way into a slot's cache (`Engine.begin`, then `advance` a chunk at a time):
+    the scheduler interleaves its chunks with other slots' steps and can stop between them."""
+
+    slot: Slot
+    request: Request
+    done: int  # the prompt's first `done` tokens are in the cache
+    reused: int  # of them, those the cache held already
+    t0: float = field(default_factory=time.perf_counter)
+    t_eval: float = 0.0  # seconds spent evaluating
+
+    @property
+    def total(self) -> int:
+        return len(self.request.prompt)
+
+    @property
+    def left(self) -> int:
+        return self.total - self.done
 
 
 def _top2(logits: np.ndarray) -> tuple[int, float]:
@@ -134,6 +160,18 @@ class Engine:
         """Evaluate the prompt (reusing the cached prefix) and sample the first token; returns the
         first step's record (which may already finish the request). Between the prompt's chunks the
         evaluation stops with Interrupted when the engine halts or `cancelled()` says so."""
+        p = self.begin(slot, req)
+        while True:
+            if self.halt.is_set() or (cancelled is not None and cancelled()):
+                raise self.abandon(p)
+            rec = self.advance(p, self.target.params.n_ubatch)
+            if rec is not None:
+                return rec
+
+    def begin(self, slot: Slot, req: Request) -> Prefill:
+        """Make the slot's cache a prefix of the prompt (its own, another slot's, a saved copy) and hold
+        room for the rest; the evaluation then goes `advance` by `advance`. PoolBusy: requests in
+        flight hold the pool (see `fits`)."""
         if not req.prompt:
             raise SpecdeckError("empty prompt")
         if len(req.prompt) >= self.target.n_ctx:
@@ -146,37 +184,69 @@ class Engine:
         else:
             self._save(slot, req.prompt)
         self._reuse(slot, req.prompt)
-        self._make_room(slot, len(req.prompt))
+        self._make_room(slot, len(req.prompt) - slot.shared)
         n = kv.sync(self.target, slot.id, slot.cached, req.prompt, self.window, need_logits=True)
-        def stop() -> bool:
-            return self.halt.is_set() or (cancelled is not None and cancelled())
+        self._shrunk(slot)
+        slot.prefill = Prefill(slot, req, n, n, t0)
+        return slot.prefill
 
+    def fits(self, slot: Slot, req: Request) -> bool:
+        """Could the prompt start on this slot now? No, where the requests in flight (generating or
+        evaluating a prompt) hold so much of the pool that the rest is too small for it, even with
+        every idle cache moved out; cells it could share with a busy slot's prefix count as held."""
+        busy = [s for s in self.slots if s is not slot and (s.request is not None or s.prefill is not None)]
+        held = sum(self._cells(s) for s in busy)
+        shared = 0
+        if self.target.shares_cells:
+            shared = max((kv.common_prefix(s.cached, req.prompt) for s in busy if s.owner == req.owner), default=0)
+        return self.target.n_ctx - held >= len(req.prompt) - min(shared, len(req.prompt) - 1)
+
+    def advance(self, p: Prefill, budget: int) -> StepRecord | None:
+        """Evaluate up to `budget` more tokens of the prompt (in chunks of n_ubatch); once it is all in,
+        sample the first token and return the first step's record, else None."""
+        slot, prompt = p.slot, p.request.prompt
+        end = min(p.total, p.done + max(1, budget))
+        t = time.perf_counter()
         try:
-            idx = kv.evaluate(self.target, slot.id, req.prompt, n, logits_last=True, stop=stop)
-        except kv.Interrupted as e:  # the cache holds the prompt's first e.done tokens: a prefix to reuse
-            slot.cached = req.prompt[: e.done]
-            raise Interrupted(f"the prompt's evaluation stopped after {e.done:,} of {len(req.prompt):,} tokens") from None
+            idx = kv.evaluate(self.target, slot.id, prompt, p.done, logits_last=True, end=end)
         except DecodeError:  # keep the cache equal to slot.cached (chunks before the refusal are dropped)
-            slot.cached = req.prompt[: kv.truncate(self.target, slot.id, n, self.window)]
+            slot.cached = prompt[: kv.truncate(self.target, slot.id, p.done, self.window)]
+            self._shrunk(slot)
+            slot.prefill = None
             raise
-        slot.cached = list(req.prompt)
+        slot.cached.extend(prompt[p.done: end])
+        p.done, p.t_eval = end, p.t_eval + time.perf_counter() - t
+        if self.drafter is not None and p.request.speculative.k > 0:
+            self.drafter.prefill(slot.id, prompt, end)
+        return self._started(p, idx) if end == p.total else None
+
+    def abandon(self, p: Prefill) -> Interrupted:
+        """Stop a prompt between its chunks: the slot is free, and what was evaluated stays in its cache
+        as a reusable prefix. Returns the error that says how far it got."""
+        p.slot.prefill = None
+        return Interrupted(f"the prompt's evaluation stopped after {p.done:,} of {p.total:,} tokens")
+
+    def _started(self, p: Prefill, idx: int) -> StepRecord:
+        """The prompt is in: the request starts generating with its first token."""
+        slot, req = p.slot, p.request
+        slot.prefill = None
         slot.request, slot.generated = req, 0
         if self.drafter is not None:
             self.drafter.begin_request(slot.id, req.partition)
-        slot.record = RequestRecord(prompt_tokens=len(req.prompt), reused_tokens=n)
+        slot.record = RequestRecord(prompt_tokens=len(req.prompt), reused_tokens=p.reused)
         if slot.sampler is not None:
             slot.sampler.close()
         slot.sampler = TokenSampler(req.sampling, self.n_vocab, self.target.model.vocab)
         slot.rng = np.random.default_rng(req.sampling.seed)
         slot.tokens = list(req.prompt)
         if req.max_tokens == 0:  # only the prompt: its cache stays for the request that follows
-            slot.record.t_prompt = slot.record.ttft = time.perf_counter() - t0
+            slot.record.t_prompt, slot.record.ttft = p.t_eval, time.perf_counter() - p.t0
             return StepRecord.undrafted(slot.id, [], slot.record.t_prompt, "length")
         first = self._first_token(slot, idx)
         trace = _top2(self.target.logits(idx)) if req.trace else None
         slot.tokens = list(req.prompt) + [first]
         slot.generated = 1
-        slot.record.t_prompt = slot.record.ttft = time.perf_counter() - t0
+        slot.record.t_prompt, slot.record.ttft = p.t_eval, time.perf_counter() - p.t0
         slot.record.completion.append(first)
         rec = StepRecord.undrafted(slot.id, [first], slot.record.t_prompt)
         if trace:
@@ -255,6 +325,7 @@ class Engine:
         """Empty a slot's cache (the target's, and the drafter's state for it)."""
         self.target.seq_rm(slot.id, 0, -1)
         slot.cached = []
+        self._shrunk(slot)
         if self.drafter is not None:
             self.drafter.release(slot.id)
 
@@ -265,9 +336,29 @@ class Engine:
         self.target.seq_rm(slot.id, 0, -1)
         self.target.seq_cp(donor.id, slot.id, 0, n)
         slot.cached = list(prompt[:n])
+        slot.lender, slot.shared = donor.id, n
         if self.drafter is not None:
             self.drafter.release(slot.id)
             self.drafter.share_prefix(donor.id, slot.id, prompt[:n])
+
+    def _shrunk(self, slot: Slot) -> None:
+        """The slot's cache was cut back: the cells it shared with a lender, or lent to others, go no
+        further than what it still holds (cells evaluated again later are its own)."""
+        n = len(slot.cached)
+        slot.shared = min(slot.shared, n)
+        if slot.shared == 0:
+            slot.lender = None
+        for s in self.slots:
+            if s.lender == slot.id:
+                s.shared = min(s.shared, n)
+                if s.shared == 0:
+                    s.lender = None
+
+    def _cells(self, s: Slot) -> int:
+        """The pool cells a slot holds that no other slot counts: its cache (a prompt being evaluated
+        holds its whole length), less the prefix it shares with its lender."""
+        held = len(s.prefill.request.prompt) if s.prefill is not None else len(s.cached)
+        return held - s.shared
 
     def _make_room(self, slot: Slot, need: int) -> None:
         """Room for `need` cells on `slot` (besides what the other slots hold), else PoolBusy."""
@@ -275,18 +366,19 @@ class Engine:
             raise PoolBusy(f"the context pool ({self.target.n_ctx:,} tokens) is held by requests in flight")
 
     def _free_cells(self, need: int, keep: set[int], mine: Slot | None = None) -> int:
-        """The slots share one KV pool: idle slots' cached prompts (never those in `keep`) go to host
-        memory, in slot order, until `need` cells are free; returns the cells free (not counting
-        `mine`'s own cache; cells two sequences share count twice)."""
-        free = self.target.n_ctx - sum(len(s.cached) for s in self.slots if s is not mine)
+        """The slots share one KV pool: idle slots' cached prompts (never those in `keep`, nor a prompt
+        being evaluated) go to host memory, in slot order, until `need` cells are free; returns the
+        cells free (not counting `mine`'s own cache; a prefix two slots share counts once)."""
+        def free() -> int:
+            return self.target.n_ctx - sum(self._cells(s) for s in self.slots if s is not mine)
+
         for s in self.slots:
-            if free >= need:
+            if free() >= need:
                 break
-            if s.id not in keep and s.request is None and s.cached:
-                free += len(s.cached)
+            if s.id not in keep and s.request is None and s.prefill is None and s.cached:
                 self._save(s, [])
                 self._drop(s)
-        return free
+        return free()
 
     def _budget(self, slots: Sequence[Slot], ks: dict[int, int]) -> list[Slot]:
         """Fit this step in the shared pool: each slot needs one cell for its next token and one per
@@ -507,6 +599,7 @@ class Engine:
             if self.target.pos_max(slot.id) >= len(slot.cached):  # a step broke off mid-way
                 n = kv.truncate(self.target, slot.id, len(slot.cached), self.window)
                 del slot.cached[n:]
+                self._shrunk(slot)
 
 
 def can_roll_back(ctx: Context) -> bool:

@@ -77,19 +77,22 @@ class Interrupted(Exception):
 
 
 def evaluate(ctx: Context, seq: int, tokens: Sequence[int], start: int, logits_last: bool,
-             stop: Callable[[], bool] | None = None) -> int:
-    """Decode tokens[start:] at their positions; returns the last token's batch index. The tokens go
-    in chunks of n_ubatch (what llama.cpp computes at once in any case), and `stop()` is asked before
-    each: when it says so, Interrupted is raised with what is evaluated, so a long prompt stops within
-    one chunk (the server stopping, its client gone) and what it evaluated stays a reusable prefix."""
+             stop: Callable[[], bool] | None = None, end: int | None = None) -> int:
+    """Decode tokens[start:end] (to the end by default) at their positions; returns the last token's
+    batch index. The tokens go in chunks of n_ubatch (what llama.cpp computes at once in any case),
+    and `stop()` is asked before each: when it says so, Interrupted is raised with what is evaluated,
+    so a long prompt stops within one chunk (the server stopping, its client gone) and what it
+    evaluated stays a reusable prefix. `logits_last`: logits for the sequence's last token, where
+    this call reaches it."""
     batch: Batch = ctx.batch
     size = ctx.params.n_ubatch
+    end = len(tokens) if end is None else min(end, len(tokens))
     last = -1
-    for c0 in range(start, len(tokens), size):
+    for c0 in range(start, end, size):
         if stop is not None and stop():
             raise Interrupted(c0)
         batch.clear()
-        c1 = min(c0 + size, len(tokens))
+        c1 = min(c0 + size, end)
         for pos in range(c0, c1):
             last = batch.add(tokens[pos], pos, seq, logits_last and pos == len(tokens) - 1)
         ctx.decode(batch)

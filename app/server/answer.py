@@ -6,6 +6,8 @@ format the typed deltas and the final record this yields."""
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Protocol
@@ -17,9 +19,9 @@ from app.chat.grammar import call_grammar
 from app.chat.stream import CallArguments, CallEnd, CallStart, ChatStream, Delta, Parsed, ReasoningDelta, TextDelta
 from app.engine.records import RequestRecord, StepRecord
 from app.errors import SpecdeckError
-from app.server.core import FINISH, Idle, Service, events, failed_error, stopping_error
+from app.server.core import FINISH, Service, failed_error, stopping_error
 from app.server.errors import ApiError
-from app.server.scheduler import Done, Failed, Job
+from app.server.scheduler import Done, Failed, Job, Progress
 from app.server.textstream import TextStream
 
 
@@ -133,6 +135,54 @@ def chat_prompt(service: Service, messages: list[dict], tools: list[dict], force
     return prompt
 
 
+@dataclass
+class Idle:
+    """Nothing new for --keep-alive seconds (the prompt is still being read): a stream sends a
+    keep-alive, so no client's idle watchdog takes the wait for a dead server."""
+
+
+async def events(request: Request, job: Job, keep_alive: float | None = None) -> AsyncIterator:
+    """The job's events (and `Idle` after `keep_alive` quiet seconds); if the client goes away, the
+    job is cancelled (its slot freed at once)."""
+    quiet_since = checked = time.monotonic()
+    ended = False
+    try:
+        while True:
+            try:
+                event = await asyncio.wait_for(job.events.get(), timeout=1.0)
+            except asyncio.TimeoutError:
+                event = None
+            if time.monotonic() - checked >= 1.0:  # asked once a second, however busy the stream
+                checked = time.monotonic()
+                if await request.is_disconnected():
+                    return
+            if event is None:
+                if keep_alive is not None and time.monotonic() - quiet_since >= keep_alive:
+                    quiet_since = time.monotonic()
+                    yield Idle()
+                continue
+            quiet_since = time.monotonic()
+            ended = isinstance(event, (Done, Failed))
+            yield event
+            if ended:
+                return
+    finally:
+        if not ended:  # the client went away (or the consumer stopped early): free the slot, say when
+            job.cancel()
+            note_gone(job)
+
+
+def note_gone(job: Job) -> None:
+    """Mark the request's access-log line with where its client went away."""
+    if job.usage is None or job.usage.gone:
+        return
+    p = job.prefill
+    if p is not None:
+        job.usage.gone = f"prompt {p.done:,} of {p.total:,}"
+    else:
+        job.usage.gone = "answer" if job.slot is not None else "queue"
+
+
 class Answer:
     """A job's answer as typed deltas (`stream`) or whole (`whole`). `chat`: the chat format's parser
     (None: raw text, as completions). `every_step`: a text delta per engine step, even an empty one
@@ -180,12 +230,13 @@ class Answer:
             finish = FINISH.get(rec.finish_reason or "stop", "stop")
         return deltas, Final(rec, parsed, finish, self.text.stopped_by)
 
-    async def stream(self, request: Request, keep_alive: float | None = None) -> AsyncIterator[Delta | Final | Failure | Idle]:
+    async def stream(self, request: Request, keep_alive: float | None = None
+                     ) -> AsyncIterator[Delta | Final | Failure | Idle | Progress]:
         """Deltas as the answer grows, then a Final (or a Failure); `Idle` after `keep_alive` quiet
-        seconds (a stream's cue for a keep-alive). Ends without a Final when the client went away
-        (the job is cancelled)."""
+        seconds (a stream's cue for a keep-alive), and the prompt's `Progress` where the job asked for
+        it. Ends without a Final when the client went away (the job is cancelled)."""
         async for event in events(request, self.job, keep_alive):
-            if isinstance(event, Idle):
+            if isinstance(event, (Idle, Progress)):
                 yield event
             elif isinstance(event, StepRecord):
                 self._logprobs += event.logprobs or []

@@ -24,10 +24,9 @@ from app.chat.format import Call
 from app.chat.stream import Parsed
 from app.engine.records import RequestRecord
 from app.errors import SpecdeckError
-from app.server.answer import Answer, Failure, Final, chat_prompt, delta_events, render_prompt
+from app.server.answer import Answer, Failure, Final, Idle, chat_prompt, delta_events, render_prompt
 from app.server.core import (
     STREAM_HEADERS,
-    Idle,
     Service,
     check_model,
     refuse_images,
@@ -103,12 +102,7 @@ def add_anthropic_routes(app: FastAPI, settings: ServeSettings, service: Service
         prompt = chat_prompt(service, _chat_messages(body), tools, forced, _thinking(body),
                              parallel=not (body.tool_choice and body.tool_choice.disable_parallel_tool_use))
         grammar, triggers = (schema_grammar, ()) if schema_grammar is not None else (prompt.grammar, prompt.triggers)
-        try:
-            job = submit(service, settings, metrics, sampling, prompt.ids, grammar, triggers=triggers)
-        except ApiError as e:
-            if e.status == 429:  # the queue is full: Anthropic's "overloaded", which its SDKs retry
-                raise ApiError(529, e.message, headers=e.headers) from None
-            raise
+        job = submit(service, settings, metrics, sampling, prompt.ids, grammar, triggers=triggers)
         answer = Answer(service, job, sampling.stops(), prompt.stream(service))
         if body.stream:
             return StreamingResponse(_stream(request, answer, service, len(prompt.ids), settings.keep_alive),
@@ -338,7 +332,7 @@ async def _stream(request: Request, answer: Answer, service: Service, n_prompt: 
             for chunk in out:
                 yield chunk
         elif isinstance(item, Failure):
-            yield _event("error", {"error": shaped("/v1/messages", ApiError(item.status, item.message))["error"]})
+            yield _event("error", {"error": shaped("/v1/messages", item.error())["error"]})
             return
         elif isinstance(item, Final):
             out = []

@@ -18,7 +18,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from app import __version__
 from app.server.access import SELF_HEADER, SourceAllowlist
 from app.server.anthropic import add_anthropic_routes
-from app.server.audit import AccessLog, open_sink
+from app.server.audit import AccessLog, Usage, open_sink
 from app.server.core import (
     Service,
     capacity,
@@ -54,11 +54,13 @@ def cors_options(origins: list[str]) -> dict:
             "max_age": 600}
 
 
-def count_request(metrics: Metrics, state: dict, route: str, status: int) -> None:
+def count_request(metrics: Metrics, state: dict, route: str, status: int, usage: Usage) -> None:
     if state.get("limited"):
         metrics.key_limited.labels(state.get("key_name") or "").inc()
-    else:
-        metrics.requests.labels(route, str(status)).inc()
+        return
+    metrics.requests.labels(route, str(status)).inc()
+    if usage.gone and status < 400:  # a stream its client dropped (a 499 is counted where it is raised)
+        metrics.client_gone.inc()
 
 
 def create_app(settings: ServeSettings, service: Service) -> FastAPI:

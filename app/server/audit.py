@@ -37,6 +37,9 @@ class Usage:
     cached_tokens: int = 0
     completion_tokens: int = 0
     texts: dict = field(default_factory=dict)  # prompt / completion, only with --log-prompts
+    # the client went away before its answer was whole: "queue", "prompt" (while the prompt was being
+    # evaluated: "prompt 4,096 of 20,480"), or "answer" (while it streamed)
+    gone: str | None = None
     on_generated: Callable[[int], None] | None = None  # the key's token window
 
     def add(self, prompt_tokens: int, cached_tokens: int, completion_tokens: int, texts: dict | None = None) -> None:
@@ -76,6 +79,8 @@ def access_line(scope: dict, status: int, usage: Usage, seconds: float) -> dict:
             "route": scope.get("path"), "status": status, "prompt_tokens": usage.prompt_tokens,
             "cached_tokens": usage.cached_tokens, "completion_tokens": usage.completion_tokens,
             "ms": round(seconds * 1e3, 1)}
+    if usage.gone:
+        line["client_gone"] = usage.gone
     agent = headers.get(b"user-agent")
     if agent:
         line["agent"] = agent.decode("latin-1")[:200]
@@ -84,9 +89,9 @@ def access_line(scope: dict, status: int, usage: Usage, seconds: float) -> dict:
 
 class AccessLog:
     """Pure ASGI middleware, outermost: times each request, lends it a `Usage`, and writes its
-    line (and counts it in `on_request(state, route, status)`) once the response has ended."""
+    line (and counts it in `on_request(state, route, status, usage)`) once the response has ended."""
 
-    def __init__(self, app, sink: logging.Logger, on_request: Callable[[dict, str, int], None] | None = None) -> None:
+    def __init__(self, app, sink: logging.Logger, on_request: Callable[[dict, str, int, Usage], None] | None = None) -> None:
         self.app, self.sink, self.on_request = app, sink, on_request
 
     async def __call__(self, scope, receive, send):
@@ -108,4 +113,4 @@ class AccessLog:
             if not state.get("self"):
                 self.sink.info(json.dumps(access_line(scope, status[0], usage, time.perf_counter() - t)))
             if self.on_request is not None:
-                self.on_request(state, scope.get("path", ""), status[0])
+                self.on_request(state, scope.get("path", ""), status[0], usage)

@@ -10,11 +10,9 @@ import json
 import logging
 import os
 import time
-from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 import psutil
-from fastapi import Request
 
 from app import __version__
 from app.chat.spec import ChatSpec
@@ -27,13 +25,13 @@ from app.engine.text import Tokenizer
 from app.plan.hardware import read_gpus
 from app.plan.planner import Plan
 from app.server.audit import current_usage
-from app.server.errors import ApiError
+from app.server.errors import OVERLOADED, ApiError
 from app.server.metrics import Metrics
 from app.server.scheduler import (
     SHUTTING_DOWN,
-    Done,
     Failed,
     Job,
+    Progress,
     QueueFull,
     Scheduler,
     ShuttingDown,
@@ -163,40 +161,15 @@ def timings(rec: RequestRecord) -> dict:
     }
 
 
+def prompt_progress(p: Progress) -> dict:
+    """llama-server's `prompt_progress` object."""
+    return {"total": p.total, "cache": p.cache, "processed": p.processed, "time_ms": round(p.time_ms, 1)}
+
+
 def usage(rec: RequestRecord) -> dict:
     n = len(rec.completion)
     return {"prompt_tokens": rec.prompt_tokens, "completion_tokens": n, "total_tokens": rec.prompt_tokens + n,
             "prompt_tokens_details": {"cached_tokens": rec.reused_tokens}}
-
-
-@dataclass
-class Idle:
-    """Nothing new for --keep-alive seconds (the prompt is still being read): a stream sends a
-    keep-alive, so no client's idle watchdog takes the wait for a dead server."""
-
-
-async def events(request: Request, job: Job, keep_alive: float | None = None) -> AsyncIterator:
-    """The job's events (and `Idle` after `keep_alive` quiet seconds); if the client goes away, the
-    job is cancelled (its slot freed at once)."""
-    quiet_since = time.monotonic()
-    try:
-        while True:
-            try:
-                event = await asyncio.wait_for(job.events.get(), timeout=1.0)
-            except asyncio.TimeoutError:
-                if await request.is_disconnected():
-                    job.cancel()
-                    return
-                if keep_alive is not None and time.monotonic() - quiet_since >= keep_alive:
-                    quiet_since = time.monotonic()
-                    yield Idle()
-                continue
-            quiet_since = time.monotonic()
-            yield event
-            if isinstance(event, (Done, Failed)):
-                return
-    finally:
-        job.cancel()  # no-op when finished; frees the slot when the consumer stopped early
 
 
 # streamed answers: never cached, and never held back by a proxy (nginx honours X-Accel-Buffering
@@ -210,13 +183,13 @@ def submit(service: Service, settings: ServeSettings, metrics: Metrics, body: Sa
     if quiet is None:  # a whole answer with no stop string to watch: no per-step events
         quiet = not body.stream and not body.stops()
     job = Job(req, asyncio.get_running_loop(), time.monotonic() + settings.request_timeout, quiet=quiet,
-              usage=current_usage.get())
+              progress=body.stream and body.return_progress, usage=current_usage.get())
     try:
         service.scheduler.submit(job)
-    except QueueFull:
+    except QueueFull as e:
         metrics.errors.labels("queue_full").inc()
-        raise ApiError(429, "the server is busy: too many queued requests", "rate_limit_error",
-                       headers={"Retry-After": "1"}) from None
+        raise ApiError(429, f"the server is busy: {e.message}; retry shortly", "rate_limit_error",
+                       headers={"Retry-After": "1"}, code=OVERLOADED) from None
     except ShuttingDown:
         raise stopping_error() from None
     return job
@@ -231,7 +204,8 @@ def failed_error(failed: Failed) -> ApiError:
     """A job the scheduler could not serve, as an API error (busy and unavailable say when to retry)."""
     kind = "server_error" if failed.status >= 500 else "rate_limit_error" if failed.status == 429 else "invalid_request_error"
     retry = {429: "1", 503: "5"}.get(failed.status)
-    return ApiError(failed.status, failed.message, kind, headers={"Retry-After": retry} if retry else None)
+    return ApiError(failed.status, failed.message, kind, headers={"Retry-After": retry} if retry else None,
+                    code=OVERLOADED if failed.status == 429 else None)
 
 
 def finished(metrics: Metrics, settings: ServeSettings, service: Service, job: Job, rec: RequestRecord) -> None:

@@ -9,6 +9,7 @@ import json
 from fastapi.responses import JSONResponse
 
 CLIENT_GONE = 499  # nginx's status for a client that closed the request before the answer
+OVERLOADED = "overloaded"  # the code of a 429 the server's load caused (not a key's limit): 529 on Anthropic's API
 
 
 class ApiError(Exception):
@@ -42,7 +43,7 @@ def shaped(path: str, e: ApiError) -> dict:
     """The body of `e` in the envelope of the API `path` belongs to."""
     api = api_of(path)
     if api == "anthropic":
-        kind = ANTHROPIC_TYPES.get(e.status, "api_error" if e.status >= 500 else "invalid_request_error")
+        kind = ANTHROPIC_TYPES.get(status_of(path, e), "api_error" if e.status >= 500 else "invalid_request_error")
         return {"type": "error", "error": {"type": kind, "message": e.message}}
     if api == "ollama":
         return {"error": e.message}
@@ -51,8 +52,16 @@ def shaped(path: str, e: ApiError) -> dict:
     return body
 
 
+def status_of(path: str, e: ApiError) -> int:
+    """The status `e` is answered with on `path`: a server too busy for the request is 429 elsewhere,
+    529 ("overloaded", which Anthropic's clients retry) on Anthropic's API."""
+    if e.status == 429 and e.code == OVERLOADED and api_of(path) == "anthropic":
+        return 529
+    return e.status
+
+
 def error_response(path: str, e: ApiError) -> JSONResponse:
-    return JSONResponse(shaped(path, e), e.status, headers=e.headers)
+    return JSONResponse(shaped(path, e), status_of(path, e), headers=e.headers)
 
 
 def error_bytes(path: str, e: ApiError) -> bytes:

@@ -20,12 +20,14 @@ from app.chat.stream import TextDelta
 from app.engine.sampling import check_grammar
 from app.engine.text import Tokenizer
 from app.errors import SpecdeckError
-from app.server.answer import Answer, Failure, Final
+from app.server.answer import Answer, Failure, Final, Idle
 from app.server.core import (
     STREAM_HEADERS,
+    Progress,
     Service,
     check_vocab,
     fim_tokens,
+    prompt_progress,
     require_ready,
     stopping_error,
     submit,
@@ -228,7 +230,8 @@ async def _native(request: Request, service: Service, settings: ServeSettings, m
                  quiet=False if body.t_max_predict_ms else None)
     answer, budget = Answer(service, job, body.stops(), every_step=True), _Budget(body.t_max_predict_ms)
     if body.stream:
-        return StreamingResponse(_stream(request, answer, budget, body, service), media_type="text/event-stream",
+        return StreamingResponse(_stream(request, answer, budget, body, service, settings.keep_alive),
+                                 media_type="text/event-stream",
                                  headers=STREAM_HEADERS)
     parts, final = [], None
     async for item in answer.stream(request):
@@ -248,10 +251,15 @@ async def _native(request: Request, service: Service, settings: ServeSettings, m
 
 
 async def _stream(request: Request, answer: Answer, budget: _Budget, body: NativeSampling,
-                  service: Service) -> AsyncIterator[bytes]:
+                  service: Service, keep_alive: float) -> AsyncIterator[bytes]:
     sse = lambda obj: f"data: {json.dumps(obj)}\n\n".encode()  # noqa: E731
-    async for item in answer.stream(request):
-        if isinstance(item, TextDelta):
+    async for item in answer.stream(request, keep_alive):
+        if isinstance(item, Idle):
+            yield b": keep-alive\n\n"  # an SSE comment: clients skip it, their idle timers restart
+        elif isinstance(item, Progress):  # return_progress: the prompt's evaluation so far
+            yield sse({"content": "", "tokens": [], "stop": False, "id_slot": 0, "index": 0,
+                       "prompt_progress": prompt_progress(item)})
+        elif isinstance(item, TextDelta):
             if budget.over(item.text):
                 answer.job.cancel()
             chunk = {"content": item.text, "tokens": answer.step_tokens, "stop": False,  # llama-server sends them in every chunk

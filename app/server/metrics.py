@@ -47,7 +47,8 @@ class Metrics:
         self.gpu_memory_total = Gauge("specdeck_gpu_memory_total_bytes", "GPU memory in all", gpu, registry=r)
 
     def status_counts(self) -> tuple[int, int, int]:
-        """(requests answered, of them failed: 4xx/5xx except 429, of them refused: 429), from the counter.
+        """(requests answered, of them failed: 4xx/5xx but 429/529, of them refused as the server was too
+        busy: 429/529; a key's limit is counted apart, in key_limited), from the counter.
         499 (the client went away before its answer) is the client's doing: not counted here at all."""
         total = failed = rejected = 0
         for family in self.requests.collect():
@@ -58,7 +59,7 @@ class Metrics:
                 if status == "499":
                     continue
                 total += n
-                if status == "429":
+                if status in ("429", "529"):
                     rejected += n
                 elif status[:1] in ("4", "5"):
                     failed += n

@@ -17,14 +17,15 @@ from app.chat.stream import CallEnd, ChatStream, ReasoningDelta, TextDelta
 from app.engine.sampling import check_grammar
 from app.engine.text import Tokenizer
 from app.errors import SpecdeckError
-from app.server.answer import Answer, ChatPrompt, Failure, Final, chat_prompt, render_prompt, thinking_of
+from app.server.answer import Answer, ChatPrompt, Failure, Final, Idle, chat_prompt, render_prompt, thinking_of
 from app.server.core import (
     STREAM_HEADERS,
-    Idle,
+    Progress,
     Service,
     check_model,
     check_vocab,
     fim_tokens,
+    prompt_progress,
     refuse_images,
     require_ready,
     submit,
@@ -293,6 +294,9 @@ async def _stream(request: Request, answer: Answer, kind: str, head: dict, servi
     async for item in answer.stream(request, keep_alive):
         if isinstance(item, Idle):
             yield b": keep-alive\n\n"  # an SSE comment: clients skip it, their idle timers restart
+        elif isinstance(item, Progress):  # llama-server's return_progress
+            yield _sse({**chunk({"role": "assistant", "content": None} if kind == "chat" else ""),
+                        "prompt_progress": prompt_progress(item)})
         elif isinstance(item, TextDelta):
             yield _sse(chunk({"content": item.text} if kind == "chat" else item.text))
         elif isinstance(item, ReasoningDelta):

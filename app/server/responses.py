@@ -26,10 +26,9 @@ from app.chat.stream import Parsed
 from app.engine.records import RequestRecord
 from app.engine.sampling import check_grammar
 from app.errors import SpecdeckError
-from app.server.answer import Answer, Failure, Final, chat_prompt, delta_events, thinking_of
+from app.server.answer import Answer, Failure, Final, Idle, chat_prompt, delta_events, thinking_of
 from app.server.core import (
     STREAM_HEADERS,
-    Idle,
     Service,
     check_model,
     refuse_images,

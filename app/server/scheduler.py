@@ -1,10 +1,15 @@
 """One worker thread owns the engine. HTTP handlers only enqueue jobs and read their events.
 
-Each loop: take queued jobs into free slots (`pick_slot`: the one whose cache gives the most of the
-prompt, so coding tools that resend the same file reuse it; else the one used longest ago, so the
-caches of other recent prompts stay for their next turn), then run one batched step for
-every active slot, then hand each slot's step record to its job. A cancelled job (client gone, stop
-string seen, time limit) frees its slot at the next step boundary, where the cache is consistent.
+Each loop, as llama-server's continuous batching does:
+- admit: queued jobs take free slots (`pick_slot`: the one whose cache gives the most of the prompt,
+  so coding tools that resend the same file reuse it; else the one used longest ago, so the caches of
+  other recent prompts stay for their next turn). A job whose prompt the pool cannot hold while the
+  requests in flight hold theirs waits at the head of the queue until they end (never refused for it).
+- prefill: every prompt being evaluated gets one chunk (n_ubatch tokens), so a short prompt is not
+  held behind a long one, and a job cancelled (client gone, time limit, the server stopping) stops
+  between chunks, its evaluated part kept as a reusable prefix;
+- step: one batched step for every slot that is generating, each slot's record handed to its job.
+A cancelled job frees its slot at the next boundary, where the cache is consistent.
 
 Stopping (`wind_down`, then `stop`): queued jobs fail with 503, a prompt being evaluated stops at its
 next chunk (503), running answers end at their next step with finish reason "shutdown", and `stop`
@@ -20,7 +25,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-from app.engine.engine import Engine, Interrupted, PoolBusy, Request, Slot
+from app.engine.engine import Engine, Interrupted, PoolBusy, Prefill, Request, Slot
 from app.engine.kv import common_prefix
 from app.engine.records import RequestRecord, StepRecord
 from app.errors import SpecdeckError
@@ -72,6 +77,17 @@ class Failed:
 
 
 @dataclass
+class Progress:
+    """The prompt's evaluation so far (llama-server's `prompt_progress`): sent after each chunk to a
+    job that asked for it."""
+
+    total: int  # the prompt's tokens
+    cache: int  # of them, reused from a cache
+    processed: int  # of them, in the cache now (reused ones included)
+    time_ms: float  # since the evaluation began
+
+
+@dataclass
 class Job:
     request: Request
     loop: asyncio.AbstractEventLoop
@@ -85,6 +101,8 @@ class Job:
     # only the end matters (a whole answer, no stop strings to watch): no event per step, so the
     # event loop sleeps while the engine works (on a small CPU it shares cores with llama.cpp)
     quiet: bool = False
+    progress: bool = False  # send a Progress event after each chunk of the prompt
+    prefill: Prefill | None = None  # the prompt's evaluation, while it runs
     usage: object | None = None  # the HTTP request's audit.Usage: finished() adds this job's tokens
 
     def send(self, event) -> None:
@@ -120,7 +138,7 @@ class Scheduler:
             if self.stopping:
                 raise ShuttingDown(SHUTTING_DOWN)
             if len(self.queue) >= self.max_queue:
-                raise QueueFull("the request queue is full")
+                raise QueueFull(f"{len(self.queue)} requests are queued, the most --max-queue allows")
             self.queue.append(job)
             self.cv.notify()
 
@@ -166,6 +184,7 @@ class Scheduler:
         return [s for s in self.engine.slots if s.id not in self.active and s.id not in self.starting]
 
     def _admit(self) -> None:
+        """Queued jobs into free slots, in order, each with its prompt's evaluation begun."""
         while True:
             with self.cv:
                 free = self._free_slots()
@@ -173,20 +192,71 @@ class Scheduler:
                     return
                 job = self.queue.popleft()
             if job.cancelled.is_set():
+                job.send(Failed("client closed the request", 499))
+                continue
+            if time.monotonic() > job.deadline:
+                job.send(Failed("the request ran past its time limit waiting in the queue", 503))
                 continue
             slot = pick_slot(free, job.request.prompt, self.last_used, owner=job.request.owner)
-            self.starting[slot.id] = job  # busy while its prompt is evaluated (/health, balancers)
+            if not self.engine.fits(slot, job.request) and self.busy_slots():
+                self._wait(job)  # the requests in flight hold the pool: first in line once they end
+                return
             try:
-                rec = self.engine.start(slot, job.request, job.cancelled.is_set)
+                job.prefill = self.engine.begin(slot, job.request)
+            except PoolBusy as e:
+                if not self.busy_slots():  # nothing in flight will give the pool back
+                    job.send(self._refusal(e))
+                    continue
+                self._wait(job)
+                return
             except Exception as e:  # noqa: BLE001 - a failed request must not stop the server
                 job.send(self._refusal(e))
                 continue
-            finally:
-                self.starting.pop(slot.id, None)
             job.slot = slot
+            self.starting[slot.id] = job  # busy while its prompt is evaluated (/health, balancers)
+
+    def _wait(self, job: Job) -> None:
+        with self.cv:
+            if self.stopping:
+                job.send(Failed(SHUTTING_DOWN, 503))
+            else:
+                self.queue.appendleft(job)
+
+    def _prefill(self) -> None:
+        """One chunk of every prompt being evaluated; a prompt whose job was cancelled, or ran out of
+        time, or whose server stops, stops here with what it evaluated kept."""
+        chunk = self.engine.target.params.n_ubatch
+        for job in list(self.starting.values()):
+            p = job.prefill
+            assert p is not None and job.slot is not None
+            if self.stopping or job.cancelled.is_set() or time.monotonic() > job.deadline:
+                self._stop_prefill(job, self.engine.abandon(p))
+                continue
+            try:
+                rec = self.engine.advance(p, chunk)
+            except Exception as e:  # noqa: BLE001 - a failed request must not stop the server
+                self._stop_prefill(job, e)
+                continue
+            if rec is None:
+                if job.progress:
+                    job.send(Progress(p.total, p.reused, p.done, (time.perf_counter() - p.t0) * 1e3))
+                continue
+            if job.progress:
+                job.send(Progress(p.total, p.reused, p.total, (time.perf_counter() - p.t0) * 1e3))
+            self.starting.pop(job.slot.id, None)
+            job.prefill = None
             job.t_first = time.perf_counter()
-            self.active[slot.id] = job
+            self.active[job.slot.id] = job
             self._deliver(job, rec)
+
+    def _stop_prefill(self, job: Job, e: Exception) -> None:
+        self.starting.pop(job.slot.id, None)
+        job.prefill = None
+        self.last_used[job.slot.id] = time.monotonic()
+        if isinstance(e, Interrupted) and not self.stopping and not job.cancelled.is_set():
+            job.send(Failed(f"the request ran past its time limit while its prompt was evaluated ({e.message})", 503))
+        else:
+            job.send(self._refusal(e))
 
     def _refusal(self, e: Exception) -> Failed:
         """What a request whose prompt could not be started is told."""
@@ -221,34 +291,40 @@ class Scheduler:
     def _run(self) -> None:
         while True:
             with self.cv:
-                while self.running and not self.queue and not self.active:
+                while self.running and not self.queue and not self.active and not self.starting:
                     self.cv.wait(0.5)
-                if not self.running and not self.active:
+                if not self.running and not self.active and not self.starting:
                     return
             self._admit()
-            now = time.monotonic()
-            for job in list(self.active.values()):
-                if self.stopping:
-                    self._close(job, "shutdown")
-                elif job.cancelled.is_set():
-                    self._close(job, "cancelled")
-                elif now > job.deadline:
-                    self._close(job, "time_limit")
-            if not self.active:
-                continue
-            jobs = list(self.active.values())
-            try:
-                records = self.engine.step([j.slot for j in jobs])
-            except DecodeError as e:  # llama.cpp refused the batch (KV pool full, out of memory): fail these, go on
-                for j in jobs:
-                    j.send(Failed(f"generation stopped: {e.message}; retry later or with a shorter request", 503))
-                    self._close(j, "error")
-                continue
-            except Exception as e:  # noqa: BLE001 - a failed step must not stop the server
-                for j in jobs:
-                    j.send(Failed(f"generation failed: {e}"))
-                    self._close(j, "error")
-                continue
-            by_slot = {r.slot: r for r in records}
+            self._prefill()
+            self._end_cancelled()
+            if self.active:
+                self._step()
+
+    def _end_cancelled(self) -> None:
+        now = time.monotonic()
+        for job in list(self.active.values()):
+            if self.stopping:
+                self._close(job, "shutdown")
+            elif job.cancelled.is_set():
+                self._close(job, "cancelled")
+            elif now > job.deadline:
+                self._close(job, "time_limit")
+
+    def _step(self) -> None:
+        jobs = list(self.active.values())
+        try:
+            records = self.engine.step([j.slot for j in jobs])
+        except DecodeError as e:  # llama.cpp refused the batch (KV pool full, out of memory): fail these, go on
             for j in jobs:
-                self._deliver(j, by_slot[j.slot.id])
+                j.send(Failed(f"generation stopped: {e.message}; retry later or with a shorter request", 503))
+                self._close(j, "error")
+            return
+        except Exception as e:  # noqa: BLE001 - a failed step must not stop the server
+            for j in jobs:
+                j.send(Failed(f"generation failed: {e}"))
+                self._close(j, "error")
+            return
+        by_slot = {r.slot: r for r in records}
+        for j in jobs:
+            self._deliver(j, by_slot[j.slot.id])

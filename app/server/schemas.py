@@ -90,6 +90,8 @@ class Sampling(StrictBody):
     response_format: ResponseFormat | None = None
     grammar: str | None = Field(None, description="GBNF the output must follow (llama.cpp's extension)")
     ignore_eos: bool = Field(False, description="generate past end-of-generation tokens (llama.cpp's extension)")
+    return_progress: bool = Field(False, description="a streamed answer reports the prompt's evaluation as it goes "
+                                  "(`prompt_progress`, llama.cpp's extension)")
 
     def budget(self) -> int | None:
         """Tokens to generate as asked: None (up to the context, within the server's cap) or a count (0: none)."""

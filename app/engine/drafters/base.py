@@ -70,6 +70,12 @@ class Drafter(Protocol):
         a drafter may choose their lengths together)."""
         ...
 
+    def prefill(self, seq: int, prompt: Sequence[int], done: int) -> None:
+        """The target has evaluated the prompt's first `done` tokens for this sequence: a drafter with
+        a cache of its own may evaluate them too, so its first draft need not catch up with the
+        whole prompt at once (that would hold every other slot's step)."""
+        ...
+
     def accepted(self, seq: int, draft: Draft, n_accepted: int) -> None:
         """Told after verification how many of the draft's tokens the target kept."""
         ...
@@ -107,6 +113,9 @@ class DrafterBase:
             d.seconds = time.perf_counter() - t
             out.append(d)
         return out
+
+    def prefill(self, seq: int, prompt: Sequence[int], done: int) -> None:
+        pass
 
     def accepted(self, seq: int, draft: Draft, n_accepted: int) -> None:
         pass

@@ -92,6 +92,21 @@ class ModelDrafter(DrafterBase):
             pos += 1
         return draft
 
+    def prefill(self, seq: int, prompt: Sequence[int], done: int) -> None:
+        """Follow the target's evaluation of a prompt, chunk for chunk: the first draft then has only
+        the prompt's last token to catch up with."""
+        cached = self.cached.setdefault(seq, [])
+        n = kv.sync(self.ctx, seq, cached, prompt, self.window, need_logits=True)
+        if n >= done:
+            return
+        try:
+            kv.evaluate(self.ctx, seq, prompt, n, logits_last=False, end=min(done, len(prompt) - 1))
+        except DecodeError:  # the draft's pool is full: the first draft catches up (or drafts nothing)
+            self._resync(seq, prompt)
+            return
+        cached.extend(prompt[n: min(done, len(prompt) - 1)])
+        self._growth.forget(seq)
+
     def behind(self, seq: int, history: Sequence[int]) -> int:
         """Tokens of `history` this sequence's cache has not evaluated (what the next draft must catch
         up with first: the whole prompt, at a request's first draft)."""
