@@ -423,3 +423,40 @@ def test_ollama_logprobs_chat_and_generate(api):
     assert len(chat["logprobs"]) == chat["eval_count"]
     plain = c.post("/api/chat", json={"model": "tiny", "messages": [{"role": "user", "content": "a b"}], "stream": False}).json()
     assert "logprobs" not in plain
+
+
+def test_return_progress_reports_the_prompt_chunk_by_chunk_as_llama_server_does(api):
+    """llama-server's `return_progress` on /completion, chat completions and Responses: a first report
+    before any token is evaluated (processed == cache), one per chunk after it, the last with every
+    token processed; each with timings that never go back."""
+    ubatch = api.service.scheduler.engine.target.params.n_ubatch
+    n = 8
+    while len(httpx.post(api.url + "/tokenize", headers=H, json={"content": " ".join(["w7"] * n)}).json()["tokens"]) < 1.4 * ubatch:
+        n += 8
+    words = " ".join(["w7"] * n)  # two chunks and a part
+
+    def progress(path: str, body: dict) -> list[dict]:
+        out = []
+        with httpx.stream("POST", api.url + path, json={**body, "stream": True, "return_progress": True},
+                          headers=H, timeout=120) as r:
+            assert r.status_code == 200, r.read()
+            for line in r.iter_lines():
+                if line.startswith("data: {") and "prompt_progress" in line:
+                    out.append(json.loads(line[6:]))
+        return out
+
+    for path, body in (("/completion", {"prompt": words, "n_predict": 2}),
+                       ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x " + words}], "max_tokens": 2}),
+                       ("/v1/responses", {"input": "y " + words, "max_output_tokens": 2})):
+        got = progress(path, body)
+        reports = [c["prompt_progress"] for c in got]
+        assert len(reports) >= 3, (path, reports)  # the first, then one per chunk (2+ chunks)
+        assert reports[0]["processed"] == reports[0]["cache"] and reports[-1]["processed"] == reports[-1]["total"]
+        assert all(a["processed"] < b["processed"] and a["total"] == b["total"] for a, b in zip(reports, reports[1:]))
+        ms = [c["timings"]["prompt_ms"] for c in got]
+        assert ms == sorted(ms) and ms[-1] > 0 and all(v >= 0 for c in got for v in c["timings"].values())
+        if path == "/v1/responses":
+            assert all(c["type"] == "response.in_progress" for c in got)
+    plain = httpx.post(api.url + "/completion", json={"prompt": words, "n_predict": 2, "stream": True},
+                       headers=H, timeout=120).text
+    assert "prompt_progress" not in plain  # only where asked

@@ -85,7 +85,7 @@ def test_a_short_prompt_is_answered_while_a_long_one_is_still_being_evaluated(ti
     steps = order(log)
     assert steps.index(("short", "done")) < steps.index(("long", "first")), steps
     progress = [e.processed for n, e in log if n == "long" and isinstance(e, Progress)]
-    assert progress == sorted(progress) and progress[0] == 32 and progress[-1] == 1900 and len(progress) == 60
+    assert progress == sorted(progress) and progress[:2] == [0, 32] and progress[-1] == 1900 and len(progress) == 61
     assert isinstance(log[-1][1], Done) and [n for n, e in log if isinstance(e, Done)] == ["short", "long"]
 
 

@@ -162,8 +162,13 @@ def timings(rec: RequestRecord) -> dict:
 
 
 def prompt_progress(p: Progress) -> dict:
-    """llama-server's `prompt_progress` object."""
-    return {"total": p.total, "cache": p.cache, "processed": p.processed, "time_ms": round(p.time_ms, 1)}
+    """llama-server's `prompt_progress` object and the `timings` that come with it."""
+    n = p.processed - p.cache
+    return {"prompt_progress": {"total": p.total, "cache": p.cache, "processed": p.processed, "time_ms": round(p.time_ms, 1)},
+            "timings": {"cache_n": p.cache, "prompt_n": n, "prompt_ms": p.eval_ms,
+                        "prompt_per_token_ms": p.eval_ms / n if n else 0.0,
+                        "prompt_per_second": n / p.eval_ms * 1e3 if p.eval_ms > 0 else 0.0,
+                        "predicted_n": 0, "predicted_ms": 0.0, "predicted_per_token_ms": 0.0, "predicted_per_second": 0.0}}
 
 
 def usage(rec: RequestRecord) -> dict:

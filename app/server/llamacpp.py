@@ -257,8 +257,7 @@ async def _stream(request: Request, answer: Answer, budget: _Budget, body: Nativ
         if isinstance(item, Idle):
             yield b": keep-alive\n\n"  # an SSE comment: clients skip it, their idle timers restart
         elif isinstance(item, Progress):  # return_progress: the prompt's evaluation so far
-            yield sse({"content": "", "tokens": [], "stop": False, "id_slot": 0, "index": 0,
-                       "prompt_progress": prompt_progress(item)})
+            yield sse({"content": "", "tokens": [], "stop": False, "id_slot": 0, "index": 0, **prompt_progress(item)})
         elif isinstance(item, TextDelta):
             if budget.over(item.text):
                 answer.job.cancel()

@@ -295,8 +295,7 @@ async def _stream(request: Request, answer: Answer, kind: str, head: dict, servi
         if isinstance(item, Idle):
             yield b": keep-alive\n\n"  # an SSE comment: clients skip it, their idle timers restart
         elif isinstance(item, Progress):  # llama-server's return_progress
-            yield _sse({**chunk({"role": "assistant", "content": None} if kind == "chat" else ""),
-                        "prompt_progress": prompt_progress(item)})
+            yield _sse({**chunk({"role": "assistant", "content": None} if kind == "chat" else ""), **prompt_progress(item)})
         elif isinstance(item, TextDelta):
             yield _sse(chunk({"content": item.text} if kind == "chat" else item.text))
         elif isinstance(item, ReasoningDelta):

@@ -31,13 +31,14 @@ from app.server.core import (
     STREAM_HEADERS,
     Service,
     check_model,
+    prompt_progress,
     refuse_images,
     require_ready,
     submit,
 )
 from app.server.errors import ApiError
 from app.server.metrics import Metrics
-from app.server.scheduler import SHUTTING_DOWN
+from app.server.scheduler import SHUTTING_DOWN, Progress
 from app.server.schemas import Sampling, StrictBody
 from app.server.settings import ServeSettings
 from app.server.structured import response_format_grammar
@@ -73,6 +74,7 @@ class ResponsesRequest(StrictBody):
     parallel_tool_calls: bool | None = None
     metadata: dict[str, Any] | None = None
     reasoning: dict[str, Any] | None = None  # {"effort": "none" | "minimal" | "low" | "medium" | "high", "summary": ...}
+    return_progress: bool = False  # llama-server's: response.in_progress events with the prompt's progress
 
 
 def add_responses_routes(app: FastAPI, settings: ServeSettings, service: Service, metrics: Metrics) -> None:
@@ -83,7 +85,7 @@ def add_responses_routes(app: FastAPI, settings: ServeSettings, service: Service
             raise ApiError(400, "this server keeps no responses: send the whole conversation in `input` "
                                 "(previous_response_id is not supported)", param="previous_response_id")
         sampling = Sampling(model=body.model, max_tokens=body.max_output_tokens, top_p=body.top_p, stream=body.stream,
-                            **{k: body.temperature for k in ("temperature",) if k in body.model_fields_set})
+                            return_progress=body.return_progress, **{k: body.temperature for k in ("temperature",) if k in body.model_fields_set})
         check_model(sampling, service, settings)
         tools = _function_tools(body, service)
         forced = _forced(body, tools)
@@ -357,6 +359,8 @@ async def _stream(request: Request, answer: Answer, shell: dict, service: Servic
         out = delta_events(item, items)
         if isinstance(item, Idle):
             yield b": keep-alive\n\n"  # an SSE comment: clients skip it, their idle timers restart
+        elif isinstance(item, Progress):  # return_progress, as llama-server reports it
+            yield ev("response.in_progress", response=shell, **prompt_progress(item))
         elif out is not None:
             for chunk in out:
                 yield chunk

@@ -5,9 +5,12 @@ Each loop, as llama-server's continuous batching does:
   so coding tools that resend the same file reuse it; else the one used longest ago, so the caches of
   other recent prompts stay for their next turn). A job whose prompt the pool cannot hold while the
   requests in flight hold theirs waits at the head of the queue until they end (never refused for it).
-- prefill: every prompt being evaluated gets one chunk (n_ubatch tokens), so a short prompt is not
-  held behind a long one, and a job cancelled (client gone, time limit, the server stopping) stops
-  between chunks, its evaluated part kept as a reusable prefix;
+- prefill: every prompt being evaluated gets one chunk, so a short prompt is not held behind a long
+  one: the prompt with the fewest tokens left gets n_ubatch tokens, the others a slice of about
+  PREFILL_SLICE seconds (at their measured rate, 64 tokens to n_ubatch), and while any slot is
+  generating every prompt gets a slice, so answers being streamed go on between the chunks. A job
+  cancelled (client gone, time limit, the server stopping) stops between chunks, its evaluated part
+  kept as a reusable prefix;
 - step: one batched step for every slot that is generating, each slot's record handed to its job.
 A cancelled job frees its slot at the next boundary, where the cache is consistent.
 
@@ -41,6 +44,8 @@ class ShuttingDown(SpecdeckError):
 
 
 SHUTTING_DOWN = "the server is shutting down; retry once it is back"
+PREFILL_SLICE = 0.5  # seconds of prompt evaluation per loop for a prompt sharing the engine with others
+SLICE_MIN = 64  # tokens: smaller chunks cost more per token on a CPU (32: 6% more than 512 here; 64: the same)
 
 
 def pick_slot(free: list[Slot], prompt: list[int], last_used: dict[int, float], min_shared: int = 64,
@@ -85,6 +90,11 @@ class Progress:
     cache: int  # of them, reused from a cache
     processed: int  # of them, in the cache now (reused ones included)
     time_ms: float  # since the evaluation began
+    eval_ms: float  # of it, evaluating
+
+    @classmethod
+    def of(cls, p: Prefill) -> Progress:
+        return cls(p.total, p.reused, p.done, (time.perf_counter() - p.t0) * 1e3, p.t_eval * 1e3)
 
 
 @dataclass
@@ -130,6 +140,7 @@ class Scheduler:
         self.recent: collections.deque[tuple[float, int]] = collections.deque(maxlen=512)  # (time, tokens)
         self.last_used: dict[int, float] = {}  # slot id -> when its last request ended
         self.stopping = False  # set by wind_down: nothing new starts, what runs ends at its next step
+        self.eval_rate: float | None = None  # seconds per prompt token, as the last chunk took
 
     # -- API for handlers ------------------------------------------------------------------
 
@@ -214,6 +225,8 @@ class Scheduler:
                 continue
             job.slot = slot
             self.starting[slot.id] = job  # busy while its prompt is evaluated (/health, balancers)
+            if job.progress:  # llama-server's first report: before any token is evaluated
+                job.send(Progress.of(job.prefill))
 
     def _wait(self, job: Job) -> None:
         with self.cv:
@@ -223,31 +236,43 @@ class Scheduler:
                 self.queue.appendleft(job)
 
     def _prefill(self) -> None:
-        """One chunk of every prompt being evaluated; a prompt whose job was cancelled, or ran out of
-        time, or whose server stops, stops here with what it evaluated kept."""
-        chunk = self.engine.target.params.n_ubatch
-        for job in list(self.starting.values()):
+        """One chunk of every prompt being evaluated, fewest tokens left first; a prompt whose job was
+        cancelled, or ran out of time, or whose server stops, stops here with what it evaluated kept."""
+        jobs = sorted(self.starting.values(), key=lambda j: j.prefill.left)
+        for i, job in enumerate(jobs):
             p = job.prefill
             assert p is not None and job.slot is not None
             if self.stopping or job.cancelled.is_set() or time.monotonic() > job.deadline:
                 self._stop_prefill(job, self.engine.abandon(p))
                 continue
+            done, t = p.done, time.perf_counter()
             try:
-                rec = self.engine.advance(p, chunk)
+                rec = self.engine.advance(p, self._chunk(alone=i == 0 and not self.active))
             except Exception as e:  # noqa: BLE001 - a failed request must not stop the server
                 self._stop_prefill(job, e)
                 continue
-            if rec is None:
-                if job.progress:
-                    job.send(Progress(p.total, p.reused, p.done, (time.perf_counter() - p.t0) * 1e3))
-                continue
+            if p.done > done:
+                self.eval_rate = (time.perf_counter() - t) / (p.done - done)
             if job.progress:
-                job.send(Progress(p.total, p.reused, p.total, (time.perf_counter() - p.t0) * 1e3))
+                job.send(Progress.of(p))
+            if rec is None:
+                continue
             self.starting.pop(job.slot.id, None)
             job.prefill = None
             job.t_first = time.perf_counter()
             self.active[job.slot.id] = job
             self._deliver(job, rec)
+
+    def _chunk(self, alone: bool) -> int:
+        """Tokens of a prompt to evaluate this loop: n_ubatch for the one ahead when nothing else waits
+        on the engine, else about PREFILL_SLICE seconds' worth."""
+        full = self.engine.target.params.n_ubatch
+        if alone:
+            return full
+        least = min(SLICE_MIN, full)
+        if self.eval_rate is None:
+            return least
+        return max(least, min(full, int(PREFILL_SLICE / self.eval_rate)))
 
     def _stop_prefill(self, job: Job, e: Exception) -> None:
         self.starting.pop(job.slot.id, None)
