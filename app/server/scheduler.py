@@ -6,9 +6,9 @@ Each loop, as llama-server's continuous batching does:
   other recent prompts stay for their next turn). A job whose prompt the pool cannot hold while the
   requests in flight hold theirs waits at the head of the queue until they end (never refused for it).
 - prefill: every prompt being evaluated gets one chunk, so a short prompt is not held behind a long
-  one: the prompt with the fewest tokens left gets n_ubatch tokens, the others a slice of about
-  PREFILL_SLICE seconds (at their measured rate, 64 tokens to n_ubatch), and while any slot is
-  generating every prompt gets a slice, so answers being streamed go on between the chunks. A job
+  one: a slice of about PREFILL_SLICE seconds (at the measured rate, 64 tokens to n_ubatch), except
+  that where several prompts wait and no slot generates, the one with the fewest tokens left gets
+  n_ubatch tokens. Answers being streamed go on between the slices. A job
   cancelled (client gone, time limit, the server stopping) stops between chunks, its evaluated part
   kept as a reusable prefix;
 - step: one batched step for every slot that is generating, each slot's record handed to its job.
@@ -247,7 +247,7 @@ class Scheduler:
                 continue
             done, t = p.done, time.perf_counter()
             try:
-                rec = self.engine.advance(p, self._chunk(alone=i == 0 and not self.active))
+                rec = self.engine.advance(p, self._chunk(ahead=i == 0 and len(jobs) > 1 and not self.active))
             except Exception as e:  # noqa: BLE001 - a failed request must not stop the server
                 self._stop_prefill(job, e)
                 continue
@@ -263,11 +263,13 @@ class Scheduler:
             self.active[job.slot.id] = job
             self._deliver(job, rec)
 
-    def _chunk(self, alone: bool) -> int:
-        """Tokens of a prompt to evaluate this loop: n_ubatch for the one ahead when nothing else waits
-        on the engine, else about PREFILL_SLICE seconds' worth."""
+    def _chunk(self, ahead: bool) -> int:
+        """Tokens of a prompt to evaluate this loop: n_ubatch for the one with fewest tokens left while
+        others wait behind it and no slot generates, else about PREFILL_SLICE seconds' worth (a prompt
+        alone, too: a request that comes meanwhile then waits no longer than that; on a card that is
+        n_ubatch anyway, and on a CPU a slice of 64 tokens or more costs the same per token)."""
         full = self.engine.target.params.n_ubatch
-        if alone:
+        if ahead:
             return full
         least = min(SLICE_MIN, full)
         if self.eval_rate is None:
