@@ -47,29 +47,55 @@ def chat(content: str, **kw) -> dict:
     return {"messages": [{"role": "user", "content": content}], "max_tokens": 2, "temperature": 0, **kw}
 
 
+def event_gaps(lines: list[tuple[float, str]], skip: tuple[str, ...] = ()) -> list[float]:
+    """Seconds between SSE events (data lines; those whose event is in `skip` not counted), as a
+    watchdog that counts events rather than bytes sees them."""
+    times, kind = [0.0], None
+    for t, line in lines:
+        if line.startswith("event: "):
+            kind = line[7:]
+        elif line.startswith("data: ") and kind not in skip:
+            times.append(t)
+    return [b - a for a, b in zip(times, times[1:])]
+
+
 def test_clients_with_a_short_idle_watchdog_are_kept_alive_through_a_longer_prompt(server):
-    """The stream opens at once (the role chunk; Anthropic's message_start and ping), then keep-alives
-    (SSE comments; pings) come while the prompt is evaluated: clients that give up after WATCHDOG
-    silent seconds get their answers to prompts that take longer than that."""
+    """The stream opens at once (the role chunk; Anthropic's message_start; Responses' created), then
+    keep-alives come while the prompt is evaluated: SSE comments on chat completions, events on the
+    agents' APIs, whose watchdogs count events (Claude Code's skips pings; Codex's skips comments).
+    Clients that give up after WATCHDOG silent seconds get their answers to prompts that take longer."""
     with httpx.Client(base_url=server.url, timeout=httpx.Timeout(WATCHDOG)) as c:
         with c.stream("POST", "/v1/chat/completions", json=chat(long_question("oa"), stream=True)) as r:
             lines = timed_lines(r)
-    assert lines[0][0] < KEEP_ALIVE and '"role": "assistant"' in lines[0][1], lines[:3]
-    last = json.loads(next(line for _, line in lines if '"timings"' in line)[6:])
-    assert last["timings"]["prompt_ms"] > 1.5 * WATCHDOG * 1e3  # the watchdog would have fired
-    first_token = next(t for t, line in lines if '"timings"' in line)
-    alive = [t for t, line in lines if line == ": keep-alive"]
-    assert len([t for t in alive if t < first_token]) >= 2, lines
-    assert all(b - a < KEEP_ALIVE + 1.5 for a, b in zip(alive, alive[1:])), alive
-    assert lines[-1][1] == "data: [DONE]"
+        assert lines[0][0] < KEEP_ALIVE and '"role": "assistant"' in lines[0][1], lines[:3]
+        last = json.loads(next(line for _, line in lines if '"timings"' in line)[6:])
+        assert last["timings"]["prompt_ms"] > 1.5 * WATCHDOG * 1e3  # the watchdog would have fired
+        first_token = next(t for t, line in lines if '"timings"' in line)
+        alive = [t for t, line in lines if line == ": keep-alive"]
+        assert len([t for t in alive if t < first_token]) >= 2, lines
+        assert all(b - a < KEEP_ALIVE + 1.5 for a, b in zip(alive, alive[1:])), alive
+        assert lines[-1][1] == "data: [DONE]"
+
+        body = {"model": "x", "max_tokens": 2, "stream": True, "messages": [{"role": "user", "content": long_question("an")}]}
+        with c.stream("POST", "/v1/messages", json=body) as r:
+            lines = timed_lines(r)
+        assert max(event_gaps(lines, skip=("ping",))) < KEEP_ALIVE + 1.5, lines  # pings aside
+        assert lines[0][1] == "event: message_start" and lines[-2][1] == "event: message_stop"
+
+        body = {"model": "x", "max_output_tokens": 2, "stream": True, "input": long_question("rs")}
+        with c.stream("POST", "/v1/responses", json=body) as r:
+            lines = timed_lines(r)
+        assert max(event_gaps(lines)) < KEEP_ALIVE + 1.5, lines
+        assert ": keep-alive" not in [line for _, line in lines]
+        assert '"type": "response.completed"' in lines[-1][1] or '"type": "response.incomplete"' in lines[-1][1]
 
     claude = anthropic.Anthropic(base_url=server.url, api_key="none", max_retries=0, timeout=WATCHDOG)
-    with claude.messages.stream(model="x", max_tokens=2, messages=[{"role": "user", "content": long_question("an")}],
+    with claude.messages.stream(model="x", max_tokens=2, messages=[{"role": "user", "content": long_question("sdk")}],
                                 extra_body={"temperature": 0}) as s:
         kinds = [e.type for e in s]
         final = s.get_final_message()
     assert kinds[0] == "message_start" and final.stop_reason in ("end_turn", "max_tokens")
-    assert final.usage.input_tokens > 800  # as long as the first prompt, which took longer than WATCHDOG
+    assert final.usage.input_tokens > 800 and final.usage.output_tokens >= 1  # the keep-alives' deltas left no trace
 
 
 def test_a_short_request_is_answered_while_a_long_prompt_is_still_being_evaluated(server):

@@ -209,7 +209,7 @@ class Engine:
         t = time.perf_counter()
         try:
             idx = kv.evaluate(self.target, slot.id, prompt, p.done, logits_last=True, end=end)
-        except DecodeError:  # keep the cache equal to slot.cached (chunks before the refusal are dropped)
+        except BaseException:  # llama.cpp refused a chunk (or worse): the cache back to slot.cached, the slot free
             slot.cached = prompt[: kv.truncate(self.target, slot.id, p.done, self.window)]
             self._shrunk(slot)
             slot.prefill = None
@@ -230,13 +230,14 @@ class Engine:
         """The prompt is in: the request starts generating with its first token."""
         slot, req = p.slot, p.request
         slot.prefill = None
+        sampler = TokenSampler(req.sampling, self.n_vocab, self.target.model.vocab)  # a bad grammar: the slot stays free
+        if slot.sampler is not None:
+            slot.sampler.close()
+        slot.sampler = sampler
         slot.request, slot.generated = req, 0
         if self.drafter is not None:
             self.drafter.begin_request(slot.id, req.partition)
         slot.record = RequestRecord(prompt_tokens=len(req.prompt), reused_tokens=p.reused)
-        if slot.sampler is not None:
-            slot.sampler.close()
-        slot.sampler = TokenSampler(req.sampling, self.n_vocab, self.target.model.vocab)
         slot.rng = np.random.default_rng(req.sampling.seed)
         slot.tokens = list(req.prompt)
         if req.max_tokens == 0:  # only the prompt: its cache stays for the request that follows

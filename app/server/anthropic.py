@@ -312,6 +312,13 @@ class _Blocks:
                       _event("content_block_stop", {"index": self.index})]
 
 
+# A keep-alive: a ping, and a message_delta that changes nothing (no stop reason yet). Claude Code's
+# stream watchdog (CLAUDE_STREAM_IDLE_TIMEOUT_MS, 300 s) skips pings: without the delta it gives up
+# on a prompt that takes longer than that to evaluate (seen with 2.1.197: "Stream idle timeout").
+KEEP_ALIVE = (_event("ping", {}) + _event("message_delta", {"delta": {"stop_reason": None, "stop_sequence": None},
+                                                            "usage": {"output_tokens": 0}}))
+
+
 async def _stream(request: Request, answer: Answer, service: Service, n_prompt: int,
                   keep_alive: float) -> AsyncIterator[bytes]:
     """Anthropic's event sequence: message_start, ping, content blocks (thinking and text deltas; a tool
@@ -327,7 +334,7 @@ async def _stream(request: Request, answer: Answer, service: Service, n_prompt: 
     async for item in answer.stream(request, keep_alive):
         out = delta_events(item, blocks)
         if isinstance(item, Idle):
-            yield _event("ping", {})
+            yield KEEP_ALIVE
         elif out is not None:
             for chunk in out:
                 yield chunk

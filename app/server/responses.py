@@ -357,8 +357,8 @@ async def _stream(request: Request, answer: Answer, shell: dict, service: Servic
     yield ev("response.in_progress", response=shell)
     async for item in answer.stream(request, keep_alive):
         out = delta_events(item, items)
-        if isinstance(item, Idle):
-            yield b": keep-alive\n\n"  # an SSE comment: clients skip it, their idle timers restart
+        if isinstance(item, Idle):  # an event, not an SSE comment: Codex's idle timer counts events
+            yield ev("response.in_progress", response=shell)
         elif isinstance(item, Progress):  # return_progress, as llama-server reports it
             yield ev("response.in_progress", response=shell, **prompt_progress(item))
         elif out is not None:
