@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import concurrent.futures
+import logging
 import os
 import subprocess
 import sys
@@ -117,7 +118,7 @@ def test_prompts_in_turn_are_each_served_from_cache(tiny_server):
     assert held["specdeck_prompt_cache_host_prompts"] >= 2 and held["specdeck_prompt_cache_host_bytes"] > 0, held
 
 
-def test_queue_limit_and_disconnect(tiny_server):
+def test_queue_limit_and_disconnect(tiny_server, caplog):
     url = tiny_server.url + "/v1/completions"
     body = {"prompt": "a b c", "max_tokens": 400, "temperature": 0, "speculative": {"enabled": False}}
     with concurrent.futures.ThreadPoolExecutor(6) as pool:
@@ -127,7 +128,8 @@ def test_queue_limit_and_disconnect(tiny_server):
     # many get in depends on how soon the worker takes the first from the queue (at least one).
     assert set(codes) == {200, 429}
     assert all(r.headers.get("Retry-After") == "1" for r in replies if r.status_code == 429)
-    # a client that goes away mid-stream frees its slot at once
+    # a client that goes away mid-stream frees its slot at once, and its log line says so
+    caplog.set_level(logging.INFO, logger="specdeck.server.access")
     with httpx.stream("POST", url, json={**body, "max_tokens": 900, "stream": True}, timeout=60) as r:
         for _ in r.iter_lines():
             break
@@ -135,6 +137,8 @@ def test_queue_limit_and_disconnect(tiny_server):
     while time.time() < deadline and httpx.get(tiny_server.url + "/v1/status").json()["busy_slots"] > 0:
         time.sleep(0.05)
     assert httpx.get(tiny_server.url + "/v1/status").json()["busy_slots"] == 0
+    gone = [r.getMessage() for r in caplog.records if '"client_gone"' in r.getMessage()]
+    assert len(gone) == 1 and '"client_gone": "answer"' in gone[0] and '"status": 200' in gone[0], gone
     t = time.time()
     assert httpx.post(url, json={**body, "max_tokens": 5}).status_code == 200 and time.time() - t < 5
 

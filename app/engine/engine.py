@@ -34,7 +34,7 @@ from app.engine.records import RequestRecord, StepRecord
 from app.engine.sampling import SamplingParams, TokenSampler
 from app.engine.saved import Saved, SavedPrompts
 from app.errors import SpecdeckError
-from app.llama.context import Context, DecodeError
+from app.llama.context import Context
 
 
 class ContextOverflow(SpecdeckError):

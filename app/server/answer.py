@@ -169,18 +169,8 @@ async def events(request: Request, job: Job, keep_alive: float | None = None) ->
     finally:
         if not ended:  # the client went away (or the consumer stopped early): free the slot, say when
             job.cancel()
-            note_gone(job)
-
-
-def note_gone(job: Job) -> None:
-    """Mark the request's access-log line with where its client went away."""
-    if job.usage is None or job.usage.gone:
-        return
-    p = job.prefill
-    if p is not None:
-        job.usage.gone = f"prompt {p.done:,} of {p.total:,}"
-    else:
-        job.usage.gone = "answer" if job.slot is not None else "queue"
+            if job.usage is not None and not job.usage.gone:  # the access-log line says where
+                job.usage.gone = job.whereabouts()
 
 
 class Answer:

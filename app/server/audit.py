@@ -37,9 +37,10 @@ class Usage:
     cached_tokens: int = 0
     completion_tokens: int = 0
     texts: dict = field(default_factory=dict)  # prompt / completion, only with --log-prompts
-    # the client went away before its answer was whole: "queue", "prompt" (while the prompt was being
-    # evaluated: "prompt 4,096 of 20,480"), or "answer" (while it streamed)
+    # the client went away before its answer was whole: "queue", "prompt 4,096 of 20,480" (while the
+    # prompt was being evaluated), or "answer" (while it streamed)
     gone: str | None = None
+    locate: Callable[[], str] | None = None  # where the request's job is now (set when it submits one)
     on_generated: Callable[[int], None] | None = None  # the key's token window
 
     def add(self, prompt_tokens: int, cached_tokens: int, completion_tokens: int, texts: dict | None = None) -> None:
@@ -99,16 +100,21 @@ class AccessLog:
             return await self.app(scope, receive, send)
         usage, status, t = Usage(), [500], time.perf_counter()
         token = current_usage.set(usage)
+        whole = [False]  # the response's body was sent to its end
 
         async def sending(message):
             if message["type"] == "http.response.start":
                 status[0] = message["status"]
+            elif message["type"] == "http.response.body" and not message.get("more_body", False):
+                whole[0] = True
             await send(message)
 
         try:
             await self.app(scope, receive, sending)
         finally:
             current_usage.reset(token)
+            if not whole[0] and status[0] < 400 and usage.locate is not None and not usage.gone:
+                usage.gone = usage.locate()  # a stream its client closed: the server cancels the rest
             state = scope.get("state") or {}
             if not state.get("self"):
                 self.sink.info(json.dumps(access_line(scope, status[0], usage, time.perf_counter() - t)))

@@ -189,6 +189,8 @@ def submit(service: Service, settings: ServeSettings, metrics: Metrics, body: Sa
         quiet = not body.stream and not body.stops()
     job = Job(req, asyncio.get_running_loop(), time.monotonic() + settings.request_timeout, quiet=quiet,
               progress=body.stream and body.return_progress, usage=current_usage.get())
+    if job.usage is not None:
+        job.usage.locate = job.whereabouts
     try:
         service.scheduler.submit(job)
     except QueueFull as e:

@@ -115,6 +115,13 @@ class Job:
     prefill: Prefill | None = None  # the prompt's evaluation, while it runs
     usage: object | None = None  # the HTTP request's audit.Usage: finished() adds this job's tokens
 
+    def whereabouts(self) -> str:
+        """Where the job is: "queue", "prompt 4,096 of 20,480" (being evaluated), or "answer"."""
+        p = self.prefill
+        if p is not None:
+            return f"prompt {p.done:,} of {p.total:,}"
+        return "answer" if self.slot is not None else "queue"
+
     def send(self, event) -> None:
         try:
             self.loop.call_soon_threadsafe(self.events.put_nowait, event)
