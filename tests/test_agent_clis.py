@@ -1,7 +1,7 @@
 """Claude Code and Codex CLI themselves, installed from npm, run headless against `specdeck serve`
 inside a network namespace that has only loopback (`unshare -n`, `ip link set lo up`), so they can
 reach nothing but the server started in it. Each answers one prompt; the test checks it printed
-the model's answer. The target is Qwen2.5-Coder 0.5B (the pair's draft, served alone): the CLIs'
+the model's answer (the text the server logged). The target is Qwen2.5-Coder 0.5B (the pair's draft, served alone): the CLIs'
 requests are thousands of tokens, which the 1.5B target evaluates for minutes on two cores.
 
 Then each makes one tool round trip (write a file, then answer) against the CPU pair served with the
@@ -29,8 +29,8 @@ pytestmark = pytest.mark.real
 ROOT = Path(__file__).resolve().parents[1]
 NPM_DIR = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "specdeck" / "npm"
 CLIS = {"claude": "@anthropic-ai/claude-code@2.1.197", "codex": "@openai/codex@0.171.0"}
-# The CLIs sample at their own temperature (1.0) with a fresh seed: the question must be one the 0.5B
-# model answers right nearly always ("the capital of France" once came back "Berlin").
+# The CLIs sample at their own temperature (1.0) with a fresh seed: a question with a one-token answer
+# (the tests check the CLI printed what the model answered, right or not: 2 + 2 once came back 5).
 PROMPT = "What is 2 + 2? Answer with one number."
 ATTEMPTS = 4  # runs of a CLI for one tool round trip (see _tries)
 
@@ -89,7 +89,7 @@ def test_claude_code_answers_through_the_messages_api(clis, real_pair, tmp_path)
                     '--model claude-sonnet-4-5 --tools Read --system-prompt "You are a concise assistant."', port)
     log = (tmp_path / "serve.log").read_text()
     assert run.returncode == 0, (run.stdout[-2000:], run.stderr[-2000:], log[-2000:])
-    assert "4" in run.stdout, run.stdout
+    _printed_the_answer(run.stdout, log)
     assert '"route": "/v1/messages", "status": 200' in log
 
 
@@ -100,8 +100,15 @@ def test_codex_cli_answers_through_the_responses_api(clis, real_pair, tmp_path):
                     f'--skip-git-repo-check "{PROMPT}"', port)
     log = (tmp_path / "serve.log").read_text()
     assert run.returncode == 0, (run.stdout[-2000:], run.stderr[-2000:], log[-2000:])
-    assert "4" in run.stdout, (run.stdout, run.stderr[-1000:])
+    _printed_the_answer(run.stdout, log)
     assert '"route": "/v1/responses", "status": 200' in log
+
+
+def _printed_the_answer(stdout: str, log: str) -> None:
+    """The CLI printed the model's answer, as the server logged it (--log-prompts). Whether the 0.5B
+    model gets 2 + 2 right at the CLI's temperature 1.0 is the model's business: it once said 5."""
+    answers = [a["completion"].strip() for a in _answers(log)[1:]]  # after the start-up smoke request
+    assert any(a and a in stdout for a in answers), (answers, stdout[-1000:])
 
 
 def _flagship(real_pair, temp: float) -> str:

@@ -130,10 +130,10 @@ def test_a_short_request_is_answered_while_a_long_prompt_is_still_being_evaluate
 
 
 def test_a_client_gone_mid_prompt_frees_its_slot_at_the_next_chunk_and_its_retry_reuses_it(server, caplog):
-    """The client closes its stream after the first chunk's progress: evaluation stops at the next
-    chunk boundary (never more than one chunk later), both slots are free, the log line says where the
-    client went, the metrics count it as gone (not failed), and the same prompt resent reuses what was
-    evaluated."""
+    """The client closes its stream after the first slice's progress: the log line says how far the
+    prompt was when the server saw the client go, evaluation stops at the next slice boundary (never
+    more than one slice, at most n_ubatch tokens, later), both slots are free, the metrics count it as
+    gone (not failed), and the same prompt resent reuses what was evaluated."""
     caplog.set_level(logging.INFO, logger="specdeck.server.access")
     metrics_before = httpx.get(server.url + "/metrics").text
     content = long_question("gone", 450)
@@ -153,9 +153,12 @@ def test_a_client_gone_mid_prompt_frees_its_slot_at_the_next_chunk_and_its_retry
     assert wait_for(idle, 60, 0.1)
     gone = [json.loads(r.getMessage()) for r in caplog.records if "client_gone" in r.getMessage()]
     assert [g["client_gone"].startswith("prompt ") and g["status"] == 200 for g in gone] == [True], gone
+    at, total = (int(x.replace(",", "")) for x in gone[0]["client_gone"].split()[1::2])  # "prompt 1,088 of 1,350"
+    assert total == seen["total"] and seen["processed"] <= at < total
     retry = httpx.post(server.url + "/v1/chat/completions", json=chat(content), timeout=600).json()
     reused = retry["usage"]["prompt_tokens_details"]["cached_tokens"]
-    assert seen["processed"] <= reused <= seen["processed"] + chunk, (seen, reused)  # at most one chunk more
+    n_ubatch = server.service.scheduler.engine.target.params.n_ubatch
+    assert at <= reused <= at + n_ubatch and reused < total, (seen, at, reused)  # at most one slice more
     assert retry["usage"]["prompt_tokens"] == seen["total"]
 
     def counted(text: str, name: str) -> float:
