@@ -118,6 +118,18 @@ def test_rss_growth_waits_for_a_whole_window():
     assert b.states["rss_growth"].value == pytest.approx((2000 + 119) / (2000 + 59) - 1)
 
 
+def test_rss_growth_leaves_out_what_the_bounded_caches_hold():
+    """Under an agent's requests the host-memory prompt cache fills towards its bound: designed
+    growth, not a leak. Only growth beyond the caches' accounted bytes raises the alert."""
+    b = book(rss_growth=0.25, rss_window=600, interval=5)
+    mib = 2**20
+    s = feed(b, Observation(t=0, rss=4600 * mib, cached=100 * mib),
+             Observation(t=600, rss=5800 * mib, cached=1250 * mib),  # +1,200 MiB, 1,150 of them cached
+             Observation(t=1200, rss=7500 * mib, cached=1300 * mib))  # +1,700 MiB, 50 of them cached
+    assert ["rss_growth" in x for x in s] == [False, False, True]
+    assert "the caches 1,250 -> 1,300 MiB, not counted" in b.states["rss_growth"].message
+
+
 def test_watcher_sets_gauges_and_logs_each_transition_once(caplog):
     metrics = Metrics()
     w = AlertWatcher(None, metrics, AlertSettings(window=10, error_min_requests=4))

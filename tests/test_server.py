@@ -290,5 +290,6 @@ def test_probes_of_the_root_answer_200_and_clients_gone_are_not_failures(tiny_se
     for status, n in (("200", 5), ("499", 7), ("500", 1), ("429", 2), ("529", 1), ("404", 1)):
         m.requests.labels("/v1/chat/completions", status).inc(n)
     assert m.status_counts() == (10, 2, 3)  # 529 (Anthropic's overloaded) is a refusal, as 429
-    assert "specdeck_client_gone_total" in httpx.get(tiny_server.url + "/metrics").text
+    text = httpx.get(tiny_server.url + "/metrics").text
+    assert "specdeck_client_gone_total" in text and "specdeck_cache_host_bytes" in text
 

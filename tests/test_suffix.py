@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from test_engine import ALPHA, N_SAMPLES, PROMPT, SAMPLING, _p_value, rig, run, sharp  # noqa: F401 - a fixture
 
 from app.engine.drafters.suffix import (
+    BYTES_PER_TOKEN,
     KEY,
     MAX_DEPTH,
     MAX_OCCURRENCES,
@@ -172,6 +173,8 @@ def test_eviction_keeps_the_bound_oldest_first():
     assert ix.propose("p", [1000 + 100 * 29 + 5, 1000 + 100 * 29 + 6, 1000 + 100 * 29 + 7], 2).tokens == \
         [1000 + 100 * 29 + 8, 1000 + 100 * 29 + 9]
     assert ix.propose("p", [1005, 1006, 1007], 2).tokens == []  # the first document is gone
+    # what a memory alert leaves out: the index's bytes, which stay within its bound
+    assert SuffixDrafter(ix).host_bytes() == ix.tokens * BYTES_PER_TOKEN <= 1000 * BYTES_PER_TOKEN
 
 
 # -- behind the engine -------------------------------------------------------------------------------

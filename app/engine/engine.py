@@ -154,6 +154,11 @@ class Engine:
                 f"(n_rs_seq {target.params.n_rs_seq}; llama.cpp keeps rollback snapshots only for some "
                 f"architectures): serve it without speculation")
 
+    def host_cache_bytes(self) -> int:
+        """Host memory the bounded caches hold: saved prompts and the drafter's index. Designed growth,
+        up to their bounds, that a memory alert must not take for a leak."""
+        return self.saved.nbytes + (self.drafter.host_bytes() if self.drafter is not None else 0)
+
     # -- a request's life ---------------------------------------------------------------------
 
     def start(self, slot: Slot, req: Request, cancelled: Callable[[], bool] | None = None) -> StepRecord:

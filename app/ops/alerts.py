@@ -9,9 +9,10 @@ app/server/watch.py) and deploy/prometheus/alerts.yml states the same rules in P
     queue_saturated      queue depth >= saturation x the queue limit, or a 429 within the window
     gpu_temperature_high GPU temperature >= the card's slowdown temperature - margin
     gpu_power_high       GPU power >= fraction x the card's enforced power limit
-    rss_growth           resident memory grew by more than a fraction since one RSS window ago (judged
-                         once the server has run a whole window, as PromQL's `offset` does: the first
-                         requests fault in the KV cache and the caches fill, which is no leak)
+    rss_growth           resident memory beyond what the bounded caches hold (saved prompts, the suffix
+                         index: designed growth) grew by more than a fraction of the resident memory
+                         one RSS window ago (judged once the server has run a whole window, as
+                         PromQL's `offset` does: the first requests fault in the KV cache, no leak)
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ class AlertSettings(BaseSettings):
         description="alert this many degrees C below the card's slowdown temperature", json_schema_extra=CONFIG_ONLY)
     gpu_power: float = Field(0.98, gt=0, le=1.5,
         description="alert at this share of the card's enforced power limit", json_schema_extra=CONFIG_ONLY)
-    rss_growth: float = Field(0.25, gt=0, description="alert when resident memory grows by this share over the RSS window")
+    rss_growth: float = Field(0.25, gt=0, description="alert when resident memory beyond the bounded caches grows by this share over the RSS window")
     rss_window: float = Field(600.0, gt=0,
         description="seconds over which RSS growth is taken", json_schema_extra=CONFIG_ONLY)
 
@@ -84,6 +85,7 @@ class Observation:
     gpu_power: float | None = None
     gpu_power_limit: float | None = None
     rss: int | None = None
+    cached: int | None = None  # of it, what the bounded host caches hold (saved prompts, suffix index)
 
 
 @dataclass
@@ -221,7 +223,10 @@ class AlertBook:
         then = self._at_or_before(obs.t - s.rss_window)
         if then is None or then.rss is None or then.rss <= 0:  # not a whole window yet
             return _Verdict(False)
-        growth = (obs.rss - then.rss) / then.rss
+        cached, cached_then = obs.cached or 0, then.cached or 0
+        growth = ((obs.rss - cached) - (then.rss - cached_then)) / then.rss
+        caches = (f"; the caches {cached_then / 2**20:,.0f} -> {cached / 2**20:,.0f} MiB, not counted"
+                  if cached or cached_then else "")
         return _Verdict(growth > s.rss_growth, growth, s.rss_growth,
                         f"resident memory grew {growth:.0%} in {obs.t - then.t:.0f} s "
-                        f"({then.rss / 2**20:,.0f} -> {obs.rss / 2**20:,.0f} MiB)")
+                        f"({then.rss / 2**20:,.0f} -> {obs.rss / 2**20:,.0f} MiB{caches})")

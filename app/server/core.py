@@ -257,6 +257,7 @@ def refresh_gauges(service: Service, metrics: Metrics) -> list:
     metrics.fallback.set(1 if service.fallback else 0)
     saved = service.scheduler.engine.saved
     metrics.saved_bytes.set(saved.nbytes)
+    metrics.cache_host_bytes.set(service.scheduler.engine.host_cache_bytes())
     metrics.saved_prompts.set(len(saved))
     if service.plan.device == "cuda":
         metrics.vram_planned.set(service.plan.used)

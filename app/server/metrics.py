@@ -31,6 +31,8 @@ class Metrics:
         self.slots = Gauge("specdeck_slots", "Slots the server has (the plan's parallel)", registry=r)
         self.saved_bytes = Gauge("specdeck_prompt_cache_host_bytes",
                                  "Host memory held by prompt caches of taken slots (--cache-ram)", registry=r)
+        self.cache_host_bytes = Gauge("specdeck_cache_host_bytes", "Host memory the bounded caches hold: saved "
+                                      "prompts and the suffix index (about 125 bytes a token)", registry=r)
         self.saved_prompts = Gauge("specdeck_prompt_cache_host_prompts", "Prompt caches of taken slots in host memory",
                                    registry=r)
         self.vram_planned = Gauge("specdeck_vram_planned_bytes", "GPU memory the plan sized the server for", registry=r)

@@ -178,6 +178,9 @@ class AdaptiveDrafter(DrafterBase):
         if self.model is not None:
             self.model.share_prefix(src, dst, prefix)
 
+    def host_bytes(self) -> int:
+        return self.suffix.host_bytes() if self.suffix is not None else 0
+
     def release(self, seq: int) -> None:
         for d in (self.lookup, self.model, self.suffix):
             if d is not None:

@@ -88,6 +88,10 @@ class Drafter(Protocol):
         """Forget a sequence (its slot is free)."""
         ...
 
+    def host_bytes(self) -> int:
+        """Host memory the drafter's bounded caches hold (an index of earlier requests)."""
+        ...
+
 
 class DrafterBase:
     """Defaults for the optional parts of `Drafter`: nothing to reset or share, and each sequence's
@@ -125,3 +129,6 @@ class DrafterBase:
 
     def release(self, seq: int) -> None:
         pass
+
+    def host_bytes(self) -> int:
+        return 0

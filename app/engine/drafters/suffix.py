@@ -43,6 +43,7 @@ AGREEMENT = 0.5  # a drafted token needs this share of the occurrences still agr
 RECENT_DOCS = 8  # a new prompt's head is looked for in this many recent documents of its partition
 DOC = 1 << 32  # a table entry is doc_id * DOC + the offset of the token that followed the key
 TOKEN_BITS = 21  # token ids below 2**21 (every vocabulary here: 262,144 at most)
+BYTES_PER_TOKEN = 125  # the index's host memory per indexed token (measured: 11.9 MiB per 100K, docs/BENCHMARKS.md)
 
 
 def _key(a: int, b: int, c: int) -> int:
@@ -282,3 +283,6 @@ class SuffixDrafter(DrafterBase):
     def release(self, seq: int) -> None:
         self._seq.pop(seq, None)  # the document stays in the index: it is a recent request now
         self._private.discard(seq)
+
+    def host_bytes(self) -> int:
+        return self.index.tokens * BYTES_PER_TOKEN
