@@ -28,6 +28,7 @@ from app.engine.accept import (
     accept_greedy,
     draw,
 )
+from app.engine.checkpoints import Checkpoints
 from app.engine.drafters.base import Ask, Draft, Drafter
 from app.engine.logprobs import MAX_TOP, token_logprob
 from app.engine.records import RequestRecord, StepRecord
@@ -130,7 +131,8 @@ class CostObserver(Protocol):
 
 class Engine:
     def __init__(self, target: Context, drafter: Drafter | None, n_slots: int, draft_limit: int | None = None,
-                 costs: CostObserver | None = None, saved_bytes: int = 0, halt: threading.Event | None = None) -> None:
+                 costs: CostObserver | None = None, saved_bytes: int = 0, halt: threading.Event | None = None,
+                 checkpoints: Checkpoints | None = None) -> None:
         self.target = target
         # set when the engine must stop: a prompt being evaluated stops at its next chunk (the drafter
         # built with the same event stops catching up), so its thread leaves llama.cpp within a chunk
@@ -143,6 +145,9 @@ class Engine:
         # prompts whose slot was taken by another request, kept in host memory (0 bytes: none): a
         # conversation that comes back gets its cache back with one copy
         self.saved = SavedPrompts(saved_bytes)
+        # partial states of a recurrent / sliding-window cache that let a slot go back to an earlier
+        # prefix (none kept for a cache that can simply be cut back)
+        self.checkpoints = checkpoints or Checkpoints(target, 0, 0)
         target.clear()  # the engine owns the context from here: its slots' records are the truth
         # recurrent / hybrid models can roll back only as many tokens as they keep snapshots for
         self.draft_limit = draft_limit if draft_limit is not None else 64
@@ -157,7 +162,7 @@ class Engine:
     def host_cache_bytes(self) -> int:
         """Host memory the bounded caches hold: saved prompts and the drafter's index. Designed growth,
         up to their bounds, that a memory alert must not take for a leak."""
-        return self.saved.nbytes + (self.drafter.host_bytes() if self.drafter is not None else 0)
+        return self.saved.nbytes + self.checkpoints.nbytes + (self.drafter.host_bytes() if self.drafter is not None else 0)
 
     # -- a request's life ---------------------------------------------------------------------
 
@@ -190,7 +195,9 @@ class Engine:
             self._save(slot, req.prompt)
         self._reuse(slot, req.prompt)
         self._make_room(slot, len(req.prompt) - slot.shared)
-        n = kv.sync(self.target, slot.id, slot.cached, req.prompt, self.window, need_logits=True)
+        n = kv.sync(self.target, slot.id, slot.cached, req.prompt, self.window, need_logits=True,
+                    checkpoints=self.checkpoints)
+        self.checkpoints.new_prompt(slot.id)
         self._shrunk(slot)
         slot.prefill = Prefill(slot, req, n, n, t0)
         return slot.prefill
@@ -213,9 +220,9 @@ class Engine:
         end = min(p.total, p.done + max(1, budget))
         t = time.perf_counter()
         try:
-            idx = kv.evaluate(self.target, slot.id, prompt, p.done, logits_last=True, end=end)
+            idx = self.checkpoints.evaluate(slot.id, prompt, p.done, logits_last=True, end=end)
         except BaseException:  # llama.cpp refused a chunk (or worse): the cache back to slot.cached, the slot free
-            slot.cached = prompt[: kv.truncate(self.target, slot.id, p.done, self.window)]
+            slot.cached = prompt[: kv.truncate(self.target, slot.id, p.done, self.window, self.checkpoints)]
             self._shrunk(slot)
             slot.prefill = None
             raise
@@ -302,7 +309,9 @@ class Engine:
             return None
         entry, n = hit
         n = min(n, len(prompt) - 1)
-        if n < beat + self.BORROW_MIN or (not self.target.shares_cells and n < len(entry.tokens) - 1):
+        if not self.target.shares_cells and n < len(entry.tokens) - 1:  # only as far back as a checkpoint
+            n = max((c.n for c in entry.checkpoints if c.n <= n), default=0) if self.checkpoints.enabled else 0
+        if n < beat + self.BORROW_MIN:
             return None
         return entry
 
@@ -316,7 +325,8 @@ class Engine:
                                             and kv.common_prefix(s.cached, slot.cached) == n for s in self.slots):
             return
         if not self.saved.covers(slot.owner, slot.cached):
-            self.saved.add(slot.owner, slot.cached, self.target.save_seq(slot.id), slack=self.BORROW_MIN)
+            self.saved.add(slot.owner, slot.cached, self.target.save_seq(slot.id), slack=self.BORROW_MIN,
+                           checkpoints=self.checkpoints.of(slot.id))
 
     def _restore(self, slot: Slot, entry: Saved) -> None:
         """The slot's cache becomes a saved copy (one copy into free cells of the pool); where the pool
@@ -326,10 +336,12 @@ class Engine:
         need = len(entry.tokens)
         if self._free_cells(need, keep={slot.id}, mine=slot) >= need and self.target.load_seq(slot.id, entry.data):
             slot.cached = list(entry.tokens)
+            self.checkpoints.give(slot.id, entry.checkpoints)
 
     def _drop(self, slot: Slot) -> None:
         """Empty a slot's cache (the target's, and the drafter's state for it)."""
         self.target.seq_rm(slot.id, 0, -1)
+        self.checkpoints.drop(slot.id)
         slot.cached = []
         self._shrunk(slot)
         if self.drafter is not None:
@@ -603,7 +615,7 @@ class Engine:
                 slot.record.t_generate = time.perf_counter() - t0 - slot.record.t_prompt
                 self.finish(slot, "cancelled")
             if self.target.pos_max(slot.id) >= len(slot.cached):  # a step broke off mid-way
-                n = kv.truncate(self.target, slot.id, len(slot.cached), self.window)
+                n = kv.truncate(self.target, slot.id, len(slot.cached), self.window, self.checkpoints)
                 del slot.cached[n:]
                 self._shrunk(slot)
 

@@ -9,13 +9,19 @@ where llama.cpp can really do it:
   [n - window, n - 1]; otherwise the sequence is evaluated again from the start.
 - recurrent state can go back only as far as its rollback snapshots; where `seq_rm` says no, the
   sequence is cleared and evaluated again.
+In both cases a context checkpoint at or before the length wanted (checkpoints.py) is put back
+instead, where there is one, and only the rest is evaluated again.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from app.llama.context import Batch, Context
+
+if TYPE_CHECKING:
+    from app.engine.checkpoints import Checkpoints
 
 CHUNK = 4096  # tokens compared at a time by C code (a Python loop over 100K tokens takes milliseconds)
 
@@ -47,23 +53,32 @@ def can_keep(ctx: Context, seq: int, n: int, window: int) -> bool:
     return window <= 0 or lo <= max(0, n - window)
 
 
-def truncate(ctx: Context, seq: int, n: int, window: int) -> int:
-    """Drop positions >= n; returns n, or 0 when the cache had to be cleared instead."""
+def truncate(ctx: Context, seq: int, n: int, window: int, checkpoints: Checkpoints | None = None) -> int:
+    """Drop positions >= n; returns n, or where that cannot be done the length of the checkpoint put
+    back instead (< n), or 0 when the cache had to be cleared."""
     if n > 0 and can_keep(ctx, seq, n, window) and ctx.seq_rm(seq, n, -1):
+        if checkpoints is not None:
+            checkpoints.cut(seq, n)
         return n
+    if checkpoints is not None and n > 0:
+        kept = checkpoints.restore(seq, n, window)
+        if kept:
+            return kept
     ctx.seq_rm(seq, 0, -1)
+    if checkpoints is not None:
+        checkpoints.drop(seq)
     return 0
 
 
 def sync(ctx: Context, seq: int, cached: list[int], wanted: Sequence[int], window: int, need_logits: bool,
-         known: int = 0) -> int:
+         known: int = 0, checkpoints: Checkpoints | None = None) -> int:
     """Make the cache hold a reusable prefix of `wanted`; returns its length (<= len(wanted) - need_logits).
     `known`: cached[:known] == wanted[:known] already (see `Growth`)."""
     n = common_prefix(cached, wanted, known)
     if need_logits:
         n = min(n, len(wanted) - 1)
     if n < len(cached):
-        n = truncate(ctx, seq, n, window)
+        n = truncate(ctx, seq, n, window, checkpoints)
         del cached[n:]
     return n
 

@@ -14,7 +14,7 @@ API key's name): a request only ever gets its own owner's entries back.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from app.engine.kv import common_prefix
@@ -25,10 +25,13 @@ class Saved:
     owner: str
     tokens: list[int]  # exactly what `data` holds
     data: Any  # the sequence state (Context.save_seq's buffer; its len() is its size in bytes)
+    # the slot's context checkpoints (checkpoints.Checkpoint) when it was saved: a recurrent or
+    # sliding-window cache loaded from here can still go back to them
+    checkpoints: list = field(default_factory=list)
 
     @property
     def nbytes(self) -> int:
-        return len(self.data)
+        return len(self.data) + sum(c.nbytes for c in self.checkpoints)
 
 
 class SavedPrompts:
@@ -57,11 +60,11 @@ class SavedPrompts:
                      key=lambda x: x[1], default=(None, 0))
         return None if hit is None or n == 0 else (hit, n)
 
-    def add(self, owner: str, tokens: Sequence[int], data: Any, slack: int = 0) -> bool:
+    def add(self, owner: str, tokens: Sequence[int], data: Any, slack: int = 0, checkpoints: Sequence = ()) -> bool:
         """Keep a copy. The owner's entries it holds go, all but their last `slack` tokens (an earlier
         turn of the same conversation), then the least recently used until it fits. False when the
         copy alone is larger than the bound."""
-        entry = Saved(owner, list(tokens), data)
+        entry = Saved(owner, list(tokens), data, list(checkpoints))
         if entry.nbytes > self.max_bytes:
             return False
         for e in [e for e in self.entries if e.owner == owner

@@ -158,6 +158,30 @@ class Context:
             return False
         return True
 
+    @property
+    def needs_checkpoints(self) -> bool:
+        """Is part of this context's state impossible to cut back to an earlier length (recurrent
+        state, a sliding window's cells), so that only a saved partial state (a checkpoint) lets a
+        sequence go back further than its rollback snapshots or its window?"""
+        return self.model.is_recurrent or (self.model.swa_window > 0 and not self.params.swa_full)
+
+    def save_partial(self, seq: int) -> np.ndarray:
+        """A copy of the part of a sequence's state that cannot be cut back (recurrent state, the
+        sliding-window cells), not the whole cache: llama.cpp's PARTIAL_ONLY sequence state."""
+        flags = llama_cpp.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
+        size = int(llama_cpp.llama_state_seq_get_size_ext(self.ptr, seq, flags))
+        buf = np.empty(size, np.uint8)
+        written = int(llama_cpp.llama_state_seq_get_data_ext(self.ptr, _bytes_ptr(buf), size, seq, flags))
+        if written != size:
+            raise SpecdeckError(f"llama.cpp saved {written:,} of {size:,} bytes of sequence {seq}'s partial state")
+        return buf
+
+    def load_partial(self, seq: int, data: np.ndarray) -> bool:
+        """Put a `save_partial` copy back on its sequence (the rest of the cache stays as it is);
+        False where llama.cpp refuses it."""
+        flags = llama_cpp.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
+        return int(llama_cpp.llama_state_seq_set_data_ext(self.ptr, _bytes_ptr(data), len(data), seq, flags)) != 0
+
     def pos_max(self, seq: int) -> int:
         return int(llama_cpp.llama_memory_seq_pos_max(self.mem, seq))
 

@@ -46,6 +46,8 @@ class AdaptiveDrafter(DrafterBase):
         self._forget(seq)
         if self.suffix is not None:
             self.suffix.begin_request(seq, partition)
+        if self.model is not None:
+            self.model.begin_request(seq, partition)
 
     def finish_request(self, seq: int, history: Sequence[int]) -> None:
         if self.suffix is not None:
@@ -179,7 +181,7 @@ class AdaptiveDrafter(DrafterBase):
             self.model.share_prefix(src, dst, prefix)
 
     def host_bytes(self) -> int:
-        return self.suffix.host_bytes() if self.suffix is not None else 0
+        return sum(d.host_bytes() for d in (self.suffix, self.model) if d is not None)
 
     def release(self, seq: int) -> None:
         for d in (self.lookup, self.model, self.suffix):

@@ -9,6 +9,7 @@ import numpy as np
 
 from app.engine import kv
 from app.engine.accept import draw
+from app.engine.checkpoints import Checkpoints
 from app.engine.drafters.base import Draft, DrafterBase
 from app.engine.sampling import SamplingParams, TokenSampler
 from app.llama.context import Context, DecodeError
@@ -25,8 +26,11 @@ class ModelDrafter(DrafterBase):
 
     name = "draft-model"
 
-    def __init__(self, ctx: Context, p_min: float = 0.0, n_min: int = 0, halt: threading.Event | None = None) -> None:
+    def __init__(self, ctx: Context, p_min: float = 0.0, n_min: int = 0, halt: threading.Event | None = None,
+                 checkpoints: Checkpoints | None = None) -> None:
         self.ctx = ctx
+        # a recurrent / sliding-window draft goes back to an earlier prefix through these, as the target does
+        self.checkpoints = checkpoints or Checkpoints(ctx, 0, 0)
         self.halt = halt or threading.Event()  # the engine's: set, a catch-up over a long prompt stops at its next chunk
         self.p_min = p_min
         self.n_min = n_min
@@ -53,9 +57,12 @@ class ModelDrafter(DrafterBase):
             return draft
         cached = self.cached.setdefault(seq, [])
         known = min(self._growth.unchanged(seq, history), len(cached))
-        n = kv.sync(self.ctx, seq, cached, history, self.window, need_logits=True, known=known)
+        n = kv.sync(self.ctx, seq, cached, history, self.window, need_logits=True, known=known,
+                    checkpoints=self.checkpoints)
+        # a catch-up over a prompt is checkpointed as the target's evaluation is; a step's few tokens not
+        evaluate = self.checkpoints.evaluate if len(history) - n > self.ctx.params.n_ubatch else self._evaluate
         try:
-            idx = kv.evaluate(self.ctx, seq, history, n, logits_last=True, stop=self.halt.is_set)
+            idx = evaluate(seq, history, n, logits_last=True, stop=self.halt.is_set)
         except kv.Interrupted as e:  # halted while catching up: no draft, the cache keeps what it evaluated
             cached.extend(history[len(cached): e.done])
             return draft
@@ -92,15 +99,22 @@ class ModelDrafter(DrafterBase):
             pos += 1
         return draft
 
+    def _evaluate(self, seq: int, tokens: Sequence[int], start: int, logits_last: bool,
+                  stop=None, end: int | None = None) -> int:
+        return kv.evaluate(self.ctx, seq, tokens, start, logits_last, stop, end)
+
+    def begin_request(self, seq: int, partition: str | None = "") -> None:
+        self.checkpoints.new_prompt(seq)
+
     def prefill(self, seq: int, prompt: Sequence[int], done: int) -> None:
-        """Follow the target's evaluation of a prompt, chunk for chunk: the first draft then has only
-        the prompt's last token to catch up with."""
+        """Follow the target's evaluation of a prompt, chunk for chunk (checkpointed where the
+        target's is): the first draft then has only the prompt's last token to catch up with."""
         cached = self.cached.setdefault(seq, [])
-        n = kv.sync(self.ctx, seq, cached, prompt, self.window, need_logits=True)
+        n = kv.sync(self.ctx, seq, cached, prompt, self.window, need_logits=True, checkpoints=self.checkpoints)
         if n >= done:
             return
         try:
-            kv.evaluate(self.ctx, seq, prompt, n, logits_last=False, end=min(done, len(prompt) - 1))
+            self.checkpoints.evaluate(seq, prompt, n, logits_last=False, end=min(done, len(prompt) - 1))
         except DecodeError:  # the draft's pool is full: the first draft catches up (or drafts nothing)
             self._resync(seq, prompt)
             return
@@ -126,11 +140,15 @@ class ModelDrafter(DrafterBase):
 
     def _resync(self, seq: int, history: Sequence[int]) -> None:
         """After a refused decode: keep only what the cache surely holds."""
-        n = kv.truncate(self.ctx, seq, min(self.ctx.pos_max(seq) + 1, len(history)), self.window)
+        n = kv.truncate(self.ctx, seq, min(self.ctx.pos_max(seq) + 1, len(history)), self.window, self.checkpoints)
         self.cached[seq] = list(history[:n])
+
+    def host_bytes(self) -> int:
+        return self.checkpoints.nbytes
 
     def release(self, seq: int) -> None:
         self.cached.pop(seq, None)
         self._growth.forget(seq)
         self._samplers.pop(seq, None)
+        self.checkpoints.drop(seq)
         self.ctx.seq_rm(seq, 0, -1)
