@@ -1,15 +1,21 @@
 """Bad input around chat formats: a template file that does not compile stops the start in one line
-naming the line at fault; a template that raises on a request's messages answers that request 400
-with the template's own message, and the server stays healthy; a model answer in a broken call
-format comes back as text (tiny random models answer nonsense: it must still be a 200)."""
+naming the line at fault; a template whose calls are not parsed is named in one line at start
+(`check` and `serve`); `chat_template_file` is read from the config file; a template that raises on
+a request's messages answers that request 400 with the template's own message, and the server stays
+healthy; a model answer in a broken call format comes back as text (tiny random models answer
+nonsense: it must still be a 200)."""
 
 from __future__ import annotations
+
+import json
 
 import httpx
 import pytest
 from conftest import run_cli
-from support.live import LiveServer, free_port
+from support.live import LiveServer, Serve, free_port
+from support.templates import templates_dir
 
+from app.chat.spec import NOT_PARSED
 from app.server.settings import ServeSettings
 
 RAISES = ("{% for m in messages %}{% if m.role == 'user' and 'forbidden' in m.content %}"
@@ -68,8 +74,6 @@ def test_a_template_that_raises_is_a_400_and_the_server_stays_healthy(raising):
 @pytest.fixture(scope="module")
 def flagship(tiny):
     """The tiny pair with the Qwen3.5 template (Qwen3.6's format), reasoning kept raw."""
-    from support.templates import templates_dir
-
     template = (templates_dir() / "Qwen3.5-4B.jinja").read_text(encoding="utf-8")
     s = LiveServer(tiny.target, tiny.draft, ServeSettings(port=free_port(), reasoning_format="none"), parallel=1,
                    chat_template=template)
@@ -108,3 +112,52 @@ def test_reasoning_sent_back_reaches_the_template(flagship):
     thought = "the user wants the files listed so I call ls"
     assert openai(thought) > openai(None)
     assert anthropic(thought) > anthropic(None)
+
+
+# -- the template's format, named at start; chat_template_file from the config file ----------------
+
+GLM = "GLM-4.6.jinja"  # <tool_call>name<arg_key>...: a template whose calls are not parsed (test_chat_templates)
+
+
+def test_a_template_whose_calls_are_not_parsed_is_named_in_one_line_at_start(tiny, tmp_path):
+    """`check` and `serve` (its template here from the config file) both state the one line."""
+    glm = templates_dir() / GLM
+    r = run_cli("check", "--target", str(tiny.target), "--chat-template-file", str(glm))
+    assert r.returncode == 0, r.stderr
+    assert f"chat format: {NOT_PARSED}" in r.stdout.splitlines(), r.stdout
+    config = tmp_path / "serve.toml"
+    config.write_text(f"chat_template_file = {json.dumps(str(glm))}\n", encoding="utf-8")
+    port = free_port()
+    s = Serve("--target", str(tiny.target), "--ctx", "512", "--parallel", "1", "--threads", "1", "--port", str(port),
+              "--config", str(config))
+    try:
+        assert s.wait_line("serving on"), s.output[-3000:]
+        assert httpx.get(f"http://127.0.0.1:{port}/props").json()["chat_format"] == "content-only, reasoning <think>...</think>"
+    finally:
+        s.stop()
+    lines = s.output.splitlines()
+    assert "specdeck: chat format content-only, reasoning <think>...</think>" in lines, s.output
+    assert lines.count(f"specdeck: {NOT_PARSED}") == 1, s.output
+
+
+def test_check_bench_and_verify_read_chat_template_file_from_the_config_file(tiny, tmp_path, isolated_env):
+    config = isolated_env / "config" / "specdeck" / "config.toml"  # the default config file ($XDG_CONFIG_HOME)
+    config.parent.mkdir(parents=True)
+    hermes = tmp_path / "hermes.jinja"
+    hermes.write_text(
+        "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}"
+        "{% for c in m.tool_calls or [] %}<tool_call>\n{{ {'name': c.function.name, 'arguments': c.function.arguments}"
+        " | tojson }}\n</tool_call>{% endfor %}<|im_end|>\n{% endfor %}{% if tools %}{{ tools | tojson }}{% endif %}",
+        encoding="utf-8")
+    config.write_text(f"chat_template_file = {json.dumps(str(hermes))}\n", encoding="utf-8")
+    r = run_cli("check", "--target", str(tiny.target), "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["target"]["chat_format"]["name"] == "hermes", r.stdout
+    bad = tmp_path / "bad.jinja"  # a template that does not compile: refused before any model is loaded
+    bad.write_text("{% for m in messages %}{{ m.content }\n", encoding="utf-8")
+    config.write_text(f"chat_template_file = {json.dumps(str(bad))}\n", encoding="utf-8")
+    pair = ("--target", str(tiny.target), "--draft", str(tiny.draft), "--ctx", "2048", "--max-tokens", "1")
+    for args in (("bench", *pair, "--repeats", "1", "--no-anchors"), ("verify", *pair)):
+        r = run_cli(*args)
+        assert r.returncode == 1 and f"chat template {bad}: line 1:" in r.stderr, (args[0], r.stdout[-2000:], r.stderr)
+

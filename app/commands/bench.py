@@ -40,6 +40,7 @@ from app.commands.common import (
     make_selection,
     out,
     plan_request_of,
+    template_file,
     threads,
 )
 from app.commands.ratios import agent_ratios, ratios, workload_per_decode
@@ -65,6 +66,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     max_tokens = args.max_tokens if args.max_tokens is not None else AGENT_MAX_TOKENS if agent else MAX_TOKENS
     if max_tokens < 1:
         raise SpecdeckError(f"--max-tokens must be at least 1, not {max_tokens}")
+    template = chat_template(template_file(args), sel)  # read (and a bad one refused) before anything starts
     fetcher = make_fetcher(offline=True)
     target = read_model_info(local_path(fetcher, sel.target))
     draft = read_model_info(local_path(fetcher, sel.draft)) if sel.draft else None
@@ -82,7 +84,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
                              AGENT_ANCHORS if agent else ANCHORS, plan.target.flash_attn)
                if server else contextlib.nullcontext(None))
     with servers as up:
-        loaded = load(plan, target, draft, n_threads, chat_template=chat_template(args.chat_template_file, sel))
+        loaded = load(plan, target, draft, n_threads, chat_template=template)
         try:
             log(f"bench: {sel.name}, {n_threads} threads, {max_tokens} tokens per prompt, {args.repeats} repeats"
                 + (f", the agent workload ({len(prompts)} turns, two sessions interleaved; every mode starts from an "

@@ -17,6 +17,7 @@ from app.commands.common import (
     make_fetcher,
     make_selection,
     out,  # noqa: E402
+    template_file,
 )
 from app.errors import PairError
 from app.gguf.info import ModelInfo, read_model_info
@@ -196,7 +197,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     target = local_path(fetcher, sel.target)
     draft = local_path(fetcher, sel.draft) if sel.draft else None
     result = check_pair(target, draft, probe=not args.no_probe)
-    template = chat_template(getattr(args, "chat_template_file", None), sel)
+    template = chat_template(template_file(args), sel)
     if template is not None:  # the template served in place of the target's own
         info = result.target.info
         result = replace(result, target=replace(result.target, info=replace(info, vocab=replace(info.vocab, chat_template=template))))
@@ -208,7 +209,7 @@ def cmd_check(args: argparse.Namespace) -> int:
             out.print(f"[yellow]warning:[/] {w}")
         note = (summary(result.target)["chat_format"] or {}).get("note")
         if note:
-            out.print(f"[yellow]chat format:[/] {note}")
+            out.print(f"[yellow]chat format:[/] {note}", soft_wrap=True)  # one line, however narrow the terminal
         if result.draft is None:
             out.print("[green]target readable[/] (no draft)")
         elif result.compatible:

@@ -85,6 +85,12 @@ def threads(asked: int | None, hw) -> int:
     return asked or hw.cpu_count
 
 
+def template_file(args: argparse.Namespace) -> Path | None:
+    """`--chat-template-file`, else `chat_template_file` in the config file (or SPECDECK_CHAT_TEMPLATE_FILE),
+    for the commands that take no other server setting (check, bench, verify): as `serve` reads it."""
+    return serve_settings(args, check=False).chat_template_file
+
+
 def chat_template(asked: Path | None, sel) -> str | None:
     """The chat template in place of the target's own: --chat-template-file (or `chat_template_file` in
     the config), else the preset's; read and proved to compile now. None: the target's own."""

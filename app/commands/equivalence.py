@@ -23,6 +23,7 @@ from app.commands.common import (
     make_selection,
     out,
     plan_request_of,
+    template_file,
 )
 from app.engine.engine import Engine, Request, SpecParams
 from app.engine.text import Tokenizer
@@ -322,7 +323,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     hw = detect()
     req = plan_request_of(ctx=args.ctx, ctx_is_user_choice=True, parallel=1, draft_max=args.draft_max)
     plan = make_plan(target, draft, req, hw, args.ctx)
-    loaded = load(plan, target, draft, hw.cpu_count, chat_template=chat_template(args.chat_template_file, sel))
+    loaded = load(plan, target, draft, hw.cpu_count, chat_template=chat_template(template_file(args), sel))
     report = EquivalenceReport()
     try:
         for item in prompts:
