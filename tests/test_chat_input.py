@@ -1,9 +1,11 @@
-"""Bad input around chat formats: a template file that does not compile stops the start in one line
-naming the line at fault; a template whose calls are not parsed is named in one line at start
-(`check` and `serve`); `chat_template_file` is read from the config file; a template that raises on
-a request's messages answers that request 400 with the template's own message, and the server stays
-healthy; a model answer in a broken call format comes back as text (tiny random models answer
-nonsense: it must still be a 200)."""
+"""Chat formats at the server's edges, on the tiny models: a template file that does not compile
+stops the start in one line naming the line at fault; a template whose calls are not parsed is named
+in one line at start (`check` and `serve`); `chat_template_file` is read from the config file; a
+template that raises on a request's messages answers that request 400 with the template's own
+message, and the server stays healthy; a model answer in a broken call format comes back as text (a
+200); reasoning streams apart on every API, an answer cut inside it is all reasoning, and
+`--reasoning-format none` keeps the raw text; reasoning sent back reaches the template. What the
+tiny random models answer is made exact, where it matters, by a grammar (`grammar` on OpenAI chat)."""
 
 from __future__ import annotations
 
@@ -161,3 +163,197 @@ def test_check_bench_and_verify_read_chat_template_file_from_the_config_file(tin
         r = run_cli(*args)
         assert r.returncode == 1 and f"chat template {bad}: line 1:" in r.stderr, (args[0], r.stdout[-2000:], r.stderr)
 
+
+# -- reasoning on every API, on the tiny pair ---------------------------------------------------
+
+Q = [{"role": "user", "content": "hello"}]
+
+
+@pytest.fixture(scope="module")
+def thinker(tiny):
+    """The tiny pair with the Qwen3.5 template, reasoning apart (the default), thinking off unless a
+    request turns it on (--reasoning-budget 0). Turned on, the prompt opens <think>: a random model
+    never closes it, so its every answer is reasoning cut at max_tokens."""
+    template = (templates_dir() / "Qwen3.5-4B.jinja").read_text(encoding="utf-8")
+    s = LiveServer(tiny.target, tiny.draft, ServeSettings(port=free_port(), reasoning_budget=0), parallel=1, ctx=2048,
+                   chat_template=template)
+    yield httpx.Client(base_url=s.url, timeout=60)
+    s.close()
+
+
+def _sse(client: httpx.Client, path: str, body: dict) -> list[dict]:
+    with client.stream("POST", path, json={**body, "stream": True}) as r:
+        assert r.status_code == 200, r.read()
+        return [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: ") and line != "data: [DONE]"]
+
+
+def _ndjson(client: httpx.Client, path: str, body: dict) -> list[dict]:
+    with client.stream("POST", path, json={**body, "stream": True}) as r:
+        assert r.status_code == 200, r.read()
+        return [json.loads(line) for line in r.iter_lines() if line.strip()]
+
+
+def test_anthropic_adaptive_thinking_turns_the_templates_thinking_on(thinker):
+    def count(thinking: dict | None) -> int:
+        body = {"model": "x", "messages": Q, **({"thinking": thinking} if thinking else {})}
+        return thinker.post("/v1/messages/count_tokens", json=body).json()["input_tokens"]
+
+    on, off = count({"type": "enabled", "budget_tokens": 1024}), count(None)
+    assert on != off and count({"type": "adaptive"}) == on and count({"type": "disabled"}) == off
+    body = {"model": "x", "max_tokens": 8, "temperature": 0, "messages": Q}
+    adaptive = thinker.post("/v1/messages", json={**body, "thinking": {"type": "adaptive"}}).json()
+    assert [b["type"] for b in adaptive["content"]] == ["thinking"] and adaptive["content"][0]["thinking"], adaptive
+    plain = thinker.post("/v1/messages", json=body).json()
+    assert [b["type"] for b in plain["content"]] == ["text"], plain
+
+
+def test_reasoning_streams_apart_and_an_answer_cut_inside_it_is_all_reasoning(thinker):
+    """Thinking on, max_tokens reached inside the reasoning: every API returns it all as reasoning,
+    streamed (OpenAI's reasoning_content deltas, Anthropic's thinking block and thinking_delta events,
+    the Responses reasoning item and its reasoning_text events, Ollama's message.thinking chunks) and
+    whole, the same greedy text, with empty content and the length finish reason."""
+    body = {"messages": Q, "max_tokens": 8, "temperature": 0, "reasoning_effort": "high"}
+    whole = thinker.post("/v1/chat/completions", json=body).json()["choices"][0]
+    thought = whole["message"].get("reasoning_content")
+    assert thought and whole["message"]["content"] == "" and whole["finish_reason"] == "length", whole
+    chunks = _sse(thinker, "/v1/chat/completions", body)
+    deltas = [ch["choices"][0]["delta"] for ch in chunks]
+    assert "".join(d.get("reasoning_content") or "" for d in deltas) == thought
+    assert "".join(d.get("content") or "" for d in deltas) == ""
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+
+    body = {"model": "x", "max_tokens": 8, "temperature": 0, "messages": Q, "thinking": {"type": "enabled", "budget_tokens": 1024}}
+    whole = thinker.post("/v1/messages", json=body).json()
+    assert whole["content"] == [{"type": "thinking", "thinking": thought, "signature": ""}], whole
+    assert whole["stop_reason"] == "max_tokens"
+    events = _sse(thinker, "/v1/messages", body)
+    assert [e["content_block"]["type"] for e in events if e["type"] == "content_block_start"] == ["thinking"]
+    block = [e["delta"] for e in events if e["type"] == "content_block_delta"]
+    assert {d["type"] for d in block} == {"thinking_delta", "signature_delta"}, block
+    assert "".join(d["thinking"] for d in block if d["type"] == "thinking_delta") == thought
+    assert [e["delta"]["stop_reason"] for e in events if e["type"] == "message_delta" and e["delta"]["stop_reason"]] == ["max_tokens"]
+
+    body = {"input": "hello", "max_output_tokens": 8, "temperature": 0, "reasoning": {"effort": "high"}}
+    whole = thinker.post("/v1/responses", json=body).json()
+    assert [(i["type"], i["content"]) for i in whole["output"]] == [("reasoning", [{"type": "reasoning_text", "text": thought}])]
+    assert whole["status"] == "incomplete" and whole["incomplete_details"] == {"reason": "max_output_tokens"}
+    assert whole["output_text"] == ""
+    events = _sse(thinker, "/v1/responses", body)
+    assert [e["item"]["type"] for e in events if e["type"] == "response.output_item.added"] == ["reasoning"]
+    assert "".join(e["delta"] for e in events if e["type"] == "response.reasoning_text.delta") == thought
+    assert [e["text"] for e in events if e["type"] == "response.reasoning_text.done"] == [thought]
+    assert not [e for e in events if e["type"].startswith("response.output_text")]
+    assert events[-1]["type"] == "response.incomplete"
+    last = events[-1]["response"]
+    assert [i["content"][0]["text"] for i in last["output"] if i["type"] == "reasoning"] == [thought]
+    assert last["output_text"] == "" and last["incomplete_details"] == {"reason": "max_output_tokens"}
+
+    name = thinker.get("/api/tags").json()["models"][0]["name"]
+    body = {"model": name, "messages": Q, "think": True, "options": {"temperature": 0, "num_predict": 8}}
+    whole = thinker.post("/api/chat", json={**body, "stream": False}).json()
+    assert whole["message"]["thinking"] == thought and whole["message"]["content"] == ""
+    assert whole["done_reason"] == "length"
+    lines = _ndjson(thinker, "/api/chat", body)
+    assert "".join(ln["message"].get("thinking", "") for ln in lines) == thought
+    assert any(ln["message"].get("thinking") for ln in lines[:-1])  # streamed as it came, not only at the end
+    assert "".join(ln["message"]["content"] for ln in lines) == ""
+    assert lines[-1]["done"] is True and lines[-1]["done_reason"] == "length"
+
+
+RAW = "<think>\nplan\n</think>\n\nanswer"
+
+
+def _exactly(text: str) -> str:
+    """A grammar that makes the model write exactly this text (GBNF's string literals are JSON's)."""
+    return f"root ::= {json.dumps(text)}"
+
+
+def test_reasoning_format_none_returns_the_raw_think_text_in_content(flagship, thinker):
+    body = {"messages": Q, "max_tokens": 40, "temperature": 0, "reasoning_effort": "none", "grammar": _exactly(RAW)}
+    flagship_c = httpx.Client(base_url=flagship.url, timeout=60)
+    raw = flagship_c.post("/v1/chat/completions", json=body).json()["choices"][0]
+    assert raw["message"]["content"] == RAW and "reasoning_content" not in raw["message"], raw
+    deltas = [ch["choices"][0]["delta"] for ch in _sse(flagship_c, "/v1/chat/completions", body)]
+    assert "".join(d.get("content") or "" for d in deltas) == RAW
+    assert not any(d.get("reasoning_content") for d in deltas)
+    apart = thinker.post("/v1/chat/completions", json=body).json()["choices"][0]["message"]  # the default: apart
+    assert (apart["reasoning_content"], apart["content"]) == ("plan", "answer"), apart
+    # thinking on (the prompt opens <think>): Anthropic too returns what the model wrote as text, no thinking block
+    on = flagship_c.post("/v1/messages", json={"model": "x", "max_tokens": 8, "temperature": 0, "messages": Q,
+                                               "thinking": {"type": "enabled", "budget_tokens": 1024}}).json()
+    assert [b["type"] for b in on["content"]] == ["text"] and on["content"][0]["text"], on
+
+
+WEATHER = {"name": "get_weather", "description": "The weather in a city", "parameters": {
+    "type": "object", "required": ["city"], "properties": {"city": {"type": "string"}}}}
+MALFORMED = [
+    "<tool_call>\n<function=nosuch>\n</function>\n</tool_call>",  # a function not offered
+    "<tool_call>\n<function=get_weather>\nOslo\n</function>\n</tool_call>",  # text where parameters go
+    "Checking.\n<tool_call>\n<function=get_weather>\n<parameter=city>\nOslo",  # cut short
+]
+
+
+@pytest.mark.parametrize("text", MALFORMED, ids=["unknown-function", "no-parameters", "cut-short"])
+def test_a_malformed_call_from_the_model_comes_back_as_text(thinker, text):
+    """The model's answer is made a broken call by the grammar: a 200 with the text as content, no
+    tool call, whole and streamed, and the server stays healthy."""
+    body = {"messages": Q, "tools": [{"type": "function", "function": WEATHER}], "max_tokens": 200, "temperature": 0,
+            "grammar": _exactly(text)}
+    r = thinker.post("/v1/chat/completions", json=body)
+    assert r.status_code == 200, r.text
+    choice = r.json()["choices"][0]
+    assert choice["message"]["content"] == text and not choice["message"].get("tool_calls"), choice
+    assert choice["finish_reason"] == "stop"
+    chunks = _sse(thinker, "/v1/chat/completions", body)
+    deltas = [ch["choices"][0]["delta"] for ch in chunks if "error" not in ch]
+    assert len(deltas) == len(chunks) and "".join(d.get("content") or "" for d in deltas) == text
+    assert not any(d.get("tool_calls") for d in deltas) and chunks[-1]["choices"][0]["finish_reason"] == "stop"
+    assert thinker.get("/health").status_code == 200
+
+
+def test_reasoning_items_and_ollama_thinking_sent_back_reach_the_template(flagship):
+    """As test_reasoning_sent_back_reaches_the_template for OpenAI and Anthropic: a Responses
+    reasoning item before a function call, and Ollama's message.thinking, reach the template as the
+    assistant message's reasoning_content."""
+    c = httpx.Client(base_url=flagship.url, timeout=60)
+    thought = "the user wants the files listed so I call ls"
+
+    def openai(reasoning: str | None) -> int:
+        assistant = {"role": "assistant", "content": "", "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "ls", "arguments": "{}"}}]}
+        if reasoning:
+            assistant["reasoning_content"] = reasoning
+        body = {"messages": [{"role": "user", "content": "list"}, assistant,
+                             {"role": "tool", "tool_call_id": "call_1", "content": "a.txt"}]}
+        return c.post("/v1/chat/completions/input_tokens", json=body).json()["input_tokens"]
+
+    def responses(reasoning: str | None) -> int:
+        items = [{"type": "message", "role": "user", "content": "list"}]
+        if reasoning:
+            items.append({"type": "reasoning", "summary": [], "content": [{"type": "reasoning_text", "text": reasoning}]})
+        items += [{"type": "function_call", "call_id": "call_1", "name": "ls", "arguments": "{}"},
+                  {"type": "function_call_output", "call_id": "call_1", "output": "a.txt"}]
+        r = c.post("/v1/responses", json={"input": items, "max_output_tokens": 1})
+        assert r.status_code == 200, r.text
+        return r.json()["usage"]["input_tokens"]
+
+    assert openai(None) < openai(thought)
+    assert responses(None) == openai(None) and responses(thought) == openai(thought)
+
+    # Ollama tells how many prompt tokens it evaluated (the prompt cache's part left out): the same
+    # conversation with the thinking sent back, after the one without, evaluates more only if the
+    # thinking is in the prompt (without it, the prompt is the one just evaluated, all of it cached)
+    long_thought = " ".join([thought] * 8)
+
+    def ollama(thinking: str | None) -> int:
+        assistant = {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "ls", "arguments": {}}}]}
+        if thinking:
+            assistant["thinking"] = thinking
+        body = {"model": "tiny", "stream": False, "options": {"num_predict": 1}, "messages": [
+            {"role": "user", "content": "ollama, list"}, assistant, {"role": "tool", "tool_name": "ls", "content": "a.txt"}]}
+        r = c.post("/api/chat", json=body)
+        assert r.status_code == 200, r.text
+        return r.json()["prompt_eval_count"]
+
+    without = ollama(None)
+    assert ollama(long_thought) > without
