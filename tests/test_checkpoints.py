@@ -211,3 +211,16 @@ def test_a_plain_attention_cache_keeps_no_checkpoints(tiny):
     assert not ckpts.enabled
     ckpts.evaluate(0, [5 + i % 290 for i in range(400)], 0, logits_last=False)
     assert ckpts.of(0) == [] and ckpts.stops(400, 0, 400) == []
+
+
+@pytest.mark.parametrize("which", ["hybrid", "gemma"])
+def test_the_plan_counts_the_bytes_llama_cpp_saves_for_a_checkpoint(which, request):
+    from app.gguf.info import read_model_info
+    from app.plan import terms
+
+    model = request.getfixturevalue(which)
+    ctx = Context(model, params(n_seq=1), 1)
+    kv.evaluate(ctx, 0, [5 + i % 3000 for i in range(1200)], 0, logits_last=False)
+    saved = len(ctx.save_partial(0))
+    planned = terms.checkpoint_bytes(read_model_info(model.path), terms.context_shape(4096, 1, "f16", "f16", n_ubatch=256))
+    assert saved <= planned <= saved * 1.01, (saved, planned)

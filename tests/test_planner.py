@@ -175,11 +175,28 @@ def test_free_vram_from_pynvml_when_no_budget_given(infos):
         make_plan(infos["qwen3.6-27b"], None, PlanRequest(device="cuda"), NO_GPU, 4096)
 
 
+def test_the_plan_counts_context_checkpoints_in_host_memory(infos):
+    """Qwen3.6-27B's checkpoint is its recurrent state without snapshots (149.6 MiB, as llama.cpp logs
+    one copy) plus the 0.8B draft's; Gemma 3's is the window's cells of its 52 sliding-window layers."""
+    plan = make_plan(infos["qwen3.6-27b"], infos["qwen3.5-0.8b"], PlanRequest(vram=24 * GiB, ram=64 * GiB), NO_GPU, 110_000)
+    term = next(t for t in plan.terms if t.name == "context checkpoints")
+    assert term.where == "host" and plan.checkpoints == 8
+    assert abs(plan.checkpoint_bytes[0] - 149.6 * 1024**2) < 0.01 * plan.checkpoint_bytes[0]
+    assert term.bytes == 8 * plan.parallel * sum(plan.checkpoint_bytes) and plan.checkpoint_bytes[1] > 0
+    assert plan.to_json()["checkpoints"]["per_slot"] == 8
+    gemma = make_plan(infos["gemma3-27b"], infos["gemma3-270m"], PlanRequest(vram=24 * GiB, ram=64 * GiB), NO_GPU, 110_000)
+    assert gemma.checkpoints == 8 and gemma.checkpoint_bytes[0] > gemma.checkpoint_bytes[1] > 0
+    none = make_plan(infos["qwen3.6-27b"], infos["qwen3.5-0.8b"],
+                     PlanRequest(vram=24 * GiB, ram=64 * GiB, ctx_checkpoints=0), NO_GPU, 110_000)
+    assert "context checkpoints" not in {t.name for t in none.terms} and none.checkpoints == 0
+
+
 def test_cpu_pair_planned_in_ram(real_pair):
     t, d = read_model_info(real_pair.target), read_model_info(real_pair.draft)
     plan = make_plan(t, d, PlanRequest(ram=8 * GiB), NO_GPU, 32_768)
     assert plan.device == "cpu" and plan.fits and plan.ctx == 32_768
     assert any(x.name == "target CPU repack copy" and x.bytes > 0 for x in plan.terms)
+    assert plan.checkpoints == 0 and "context checkpoints" not in {x.name for x in plan.terms}  # plain attention
     with pytest.raises(PlanError, match="nothing fits"):
         make_plan(t, d, PlanRequest(ram=2 * GiB, ctx=32768, ctx_is_user_choice=True), NO_GPU, None)
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from app.engine.calibration import calibrate
+from app.engine.checkpoints import Checkpoints
 from app.engine.controller import Controller
 from app.engine.drafters.adaptive import AdaptiveDrafter, adaptive_controller
 from app.engine.drafters.base import Drafter
@@ -78,10 +79,20 @@ def load(plan: Plan, target: ModelInfo, draft: ModelInfo | None, threads: int, a
             c.model.close()
         raise
     halt = threading.Event()  # the engine's stop, shared with the draft model's catch-up
-    drafter = build_drafter("adaptive" if adaptive else "draft", dc, controller, suffix_tokens, halt)
+    drafter = build_drafter("adaptive" if adaptive else "draft", dc, controller, suffix_tokens, halt,
+                            checkpoints_of(plan, dc, 1) if dc is not None else None)
     engine = Engine(tc, drafter, plan.parallel, draft_limit=plan.draft_max, costs=controller,
-                    saved_bytes=saved_bytes(plan, cache_ram_mib), halt=halt)
+                    saved_bytes=saved_bytes(plan, cache_ram_mib), halt=halt,
+                    checkpoints=checkpoints_of(plan, tc, 0))
     return Loaded(engine, Tokenizer(tc.model, chat_template or target.vocab.chat_template), tc, dc)
+
+
+def checkpoints_of(plan: Plan, ctx: Context, which: int) -> Checkpoints:
+    """A context's checkpoint store as the plan counted it: its number per slot, and per slot at
+    most the bytes the plan holds for them (a larger checkpoint is skipped)."""
+    one = plan.checkpoint_bytes[which]
+    return Checkpoints(ctx, plan.checkpoints if one else 0, plan.checkpoint_min_step,
+                       max_bytes=plan.checkpoints * one + 2**20)
 
 
 def check_cancel(cancel: threading.Event | None) -> None:
@@ -93,15 +104,17 @@ DRAFTER_KINDS = ("plain", "draft", "lookup", "suffix", "adaptive")
 
 
 def build_drafter(kind: str, draft: Context | None, controller: Controller | None = None,
-                  suffix_tokens: int = SUFFIX_TOKENS, halt: threading.Event | None = None) -> Drafter | None:
+                  suffix_tokens: int = SUFFIX_TOKENS, halt: threading.Event | None = None,
+                  checkpoints: Checkpoints | None = None) -> Drafter | None:
     """The drafter of one kind, as serve, bench and the equivalence check use it: none (plain
     decoding), the draft model (None without one), prompt lookup, the suffix index over recent
     requests, or all three behind the controller (the suffix index only if `suffix_tokens` > 0).
-    `halt`: the engine's stop event, which also stops the draft model catching up over a prompt."""
+    `halt`: the engine's stop event, which also stops the draft model catching up over a prompt.
+    `checkpoints`: the draft model's context checkpoints (none by default)."""
     if kind == "plain":
         return None
     if kind == "draft":
-        return ModelDrafter(draft, halt=halt) if draft else None
+        return ModelDrafter(draft, halt=halt, checkpoints=checkpoints) if draft else None
     if kind == "lookup":
         return LookupDrafter()
     if kind == "suffix":
@@ -110,5 +123,6 @@ def build_drafter(kind: str, draft: Context | None, controller: Controller | Non
         if controller is None:
             raise ValueError("the adaptive drafter needs a controller")
         suffix = SuffixDrafter(SuffixIndex(suffix_tokens)) if suffix_tokens > 0 else None
-        return AdaptiveDrafter(controller, LookupDrafter(), ModelDrafter(draft, halt=halt) if draft else None, suffix)
+        model = ModelDrafter(draft, halt=halt, checkpoints=checkpoints) if draft else None
+        return AdaptiveDrafter(controller, LookupDrafter(), model, suffix)
     raise ValueError(f"unknown drafter kind {kind!r} (one of {', '.join(DRAFTER_KINDS)})")

@@ -35,6 +35,10 @@ class PlanError(SpecdeckError):
 DraftMax = Annotated[int | None, Field(ge=0, le=64, description="most tokens drafted per step (default: the planner chooses)")]
 
 
+CTX_CHECKPOINTS = 8  # per slot (llama-server keeps 32: 4.7 GiB a slot for Qwen3.6-27B's ~150 MiB each)
+CHECKPOINT_MIN_STEP = 4096
+
+
 class PlanRequest(BaseModel):
     """What the user asked for; None means "choose for me". Each field is also the flag of the
     commands that take it (app/settings.py: `add_flags`); those marked `only` are plan's alone."""
@@ -60,6 +64,14 @@ class PlanRequest(BaseModel):
     reserve: int | None = Field(None, ge=0, description="runtime reserve (CUDA context, driver, display), e.g. 768MiB",
                                 json_schema_extra={"only": True, "size": True})
     margin: int | None = Field(None, ge=0, description="safety margin, e.g. 512MiB", json_schema_extra={"only": True, "size": True})
+    ctx_checkpoints: int = Field(
+        CTX_CHECKPOINTS, ge=0, le=256,
+        description="context checkpoints kept per slot for a recurrent, hybrid or sliding-window model, in host "
+                    "memory, so a resent conversation that departs from the cache is not evaluated again "
+                    "(llama-server's --ctx-checkpoints; 0: none; the plan counts their bytes)")
+    checkpoint_min_step: int = Field(
+        CHECKPOINT_MIN_STEP, ge=64, description="tokens between the checkpoints taken inside a long prompt "
+                                                "(llama-server's --checkpoint-min-step)")
     ctx_is_user_choice: bool = Field(False, json_schema_extra={"flag": False})
 
     @model_validator(mode="after")
@@ -94,6 +106,10 @@ class Plan:
     host_available: int
     warnings: list[str] = field(default_factory=list)
     embedding: ModelParams | None = None  # the optional embedding model's context
+    # context checkpoints: how many per slot, and the bytes of one (target, draft; 0: it keeps none)
+    checkpoints: int = 0
+    checkpoint_bytes: tuple[int, int] = (0, 0)
+    checkpoint_min_step: int = CHECKPOINT_MIN_STEP
 
     @property
     def used(self) -> int:
@@ -125,6 +141,9 @@ class Plan:
             "target": asdict(self.target),
             "draft": asdict(self.draft) if self.draft else None,
             "embedding": asdict(self.embedding) if self.embedding else None,
+            "checkpoints": {"per_slot": self.checkpoints, "bytes": {"target": self.checkpoint_bytes[0],
+                                                                    "draft": self.checkpoint_bytes[1]},
+                            "min_step": self.checkpoint_min_step},
             "warnings": self.warnings,
         }
 
@@ -139,6 +158,7 @@ class Candidate:
     draft_max: int
     n_gpu_layers: int | None  # None: everything (target layers + output)
     flash_attn: bool = True
+    checkpoints: int = 0  # context checkpoints per slot
 
 
 # -- the budget terms ---------------------------------------------------------------------------
@@ -224,12 +244,18 @@ def evaluate(target: ModelInfo, draft: ModelInfo | None, c: Candidate, device: D
                                embeddings=True)
     if device == "cuda" and c.n_gpu_layers is not None and c.n_gpu_layers <= target.n_layers:
         terms += _extra_copies("target", target, t_ngl, buffers, "host", "CPU layers")
+    ck = (M.checkpoint_bytes(target, t_cs), M.checkpoint_bytes(draft, d_cs) if draft is not None else 0)
+    if c.checkpoints and sum(ck):
+        terms.append(Term("context checkpoints", c.checkpoints * c.parallel * sum(ck), "host" if device == "cuda" else "device",
+                          f"{c.checkpoints} per slot x {c.parallel} slots x {sum(ck) / MiB:,.1f} MiB"
+                          + (f" (target {ck[0] / MiB:,.1f} + draft {ck[1] / MiB:,.1f})" if ck[1] else "")))
     terms.append(Term("runtime reserve", reserve, "device", "CUDA context, driver, display" if device == "cuda" else "Python, libraries, server"))
     terms.append(Term("safety margin", margin, "device"))
     t_params = ModelParams(t_cs.n_ctx, t_cs.n_batch, t_cs.n_ubatch, c.parallel, True, c.type_k,
                            c.type_v, c.flash_attn, False, t_cs.n_rs_seq, t_ngl if device == "cuda" else 0)
     plan = Plan(device, budget, budget_source, terms, False, c.ctx, ctx_wanted, c.parallel, c.draft_max,
-                t_params, d_params, host_available, embedding=e_params)
+                t_params, d_params, host_available, embedding=e_params, checkpoints=c.checkpoints if sum(ck) else 0,
+                checkpoint_bytes=ck if c.checkpoints else (0, 0))
     plan.fits = plan.used <= budget and (device == "cpu" or plan.host_used <= host_available)
     return plan
 
@@ -311,9 +337,10 @@ def make_plan(target: ModelInfo, draft: ModelInfo | None, req: PlanRequest, hw: 
         for (tk, tv), par, fa, ub, dm in itertools.product(usable_kv, parallel, attention, ubatch, dmax):
             if not usable(tk, tv, fa):
                 continue
-            p = evaluate(target, draft, Candidate(ctx, tk, tv, par, ub, dm, ngl, fa), device, budget, source,
+            p = evaluate(target, draft, Candidate(ctx, tk, tv, par, ub, dm, ngl, fa, req.ctx_checkpoints), device, budget, source,
                          reserve, margin, req.ram or hw.ram_available, ctx_wanted, hw.cpu_buffers, embedder)
             if p.fits:
+                p.checkpoint_min_step = req.checkpoint_min_step
                 return p
         return None
 
@@ -334,7 +361,7 @@ def make_plan(target: ModelInfo, draft: ModelInfo | None, req: PlanRequest, hw: 
         return _annotate(plan, target, draft)
     compact_fa = True in attention and usable(*usable_kv[-1], True)  # its compute buffer is the smaller
     worst = evaluate(target, draft, Candidate(ctx_wanted, *usable_kv[-1], parallel[-1], ubatch[-1], dmax[-1], ngl,
-                                              compact_fa),
+                                              compact_fa, req.ctx_checkpoints),
                      device, budget, source, reserve, margin, req.ram or hw.ram_available, ctx_wanted, hw.cpu_buffers,
                      embedder)
     short = worst.used - budget

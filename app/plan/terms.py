@@ -110,6 +110,26 @@ def recurrent_state_bytes(info: ModelInfo, cs: ContextShape) -> int:
     return 4 * (r + s) * cs.n_seq * (1 + cs.n_rs_seq) * info.n_recurrent_layers
 
 
+def checkpoint_bytes(info: ModelInfo, cs: ContextShape) -> int:
+    """One context checkpoint of one sequence (llama.cpp's PARTIAL_ONLY state): the recurrent state
+    without snapshots, and each sliding-window layer's cells within the window; 0 for a model whose
+    cache can simply be cut back (it keeps none)."""
+    one = ContextShape(cs.n_ctx, cs.n_batch, cs.n_ubatch, 1, cs.type_k, cs.type_v, cs.flash_attn, cs.swa_full)
+    total = recurrent_state_bytes(info, one)
+    swa = bool(info.sliding_window) and not cs.swa_full and info.n_swa_layers > 0
+    if not total and not swa:
+        return 0
+    total += 4096  # the state's headers
+    if swa:
+        total += 16 * min(cs.n_ctx, int(info.sliding_window))  # each cell's position and sequences
+        for il in range(info.n_layers):
+            heads = info.n_head_kv[il]
+            if heads and info.swa_layers[il]:
+                per_cell = row_bytes(cs.type_k, heads * info.key_length) + row_bytes(cs.type_v, heads * info.value_length)
+                total += per_cell * min(cs.n_ctx, int(info.sliding_window))
+    return total
+
+
 def kv_incompatibility(info: ModelInfo, type_k: str, type_v: str, flash_attn: bool, device: str) -> str | None:
     """Why llama.cpp would refuse these cache types for this model, or None."""
     for t, dim, what in ((type_k, info.key_length, "K"), (type_v, info.value_length, "V")):
