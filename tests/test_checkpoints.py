@@ -224,3 +224,30 @@ def test_the_plan_counts_the_bytes_llama_cpp_saves_for_a_checkpoint(which, reque
     saved = len(ctx.save_partial(0))
     planned = terms.checkpoint_bytes(read_model_info(model.path), terms.context_shape(4096, 1, "f16", "f16", n_ubatch=256))
     assert saved <= planned <= saved * 1.01, (saved, planned)
+
+
+def test_nothing_replaces_or_frees_a_context_under_a_decode(hybrid):
+    """A restore or a saved prompt's load asked from another thread while a decode runs is refused
+    (the engine's thread does them between its decodes). One decode of 2,000 tokens: whatever the
+    moment, the worker makes no llama.cpp call after it."""
+    import threading
+
+    from app.llama.context import DecodeRunning
+
+    ctx = Context(hybrid, params(ubatch=2048), 1)
+    kv.evaluate(ctx, 0, list(range(10, 300)), 0, logits_last=False)
+    ck, state = ctx.save_partial(0), ctx.save_seq(0)
+    ctx.seq_rm(0, 0, -1)
+    worker = threading.Thread(target=kv.evaluate, args=(ctx, 0, [5 + i % 3000 for i in range(2000)], 0, False))
+    worker.start()
+    refused = []
+    while worker.is_alive():
+        for call in (lambda: ctx.load_partial(0, ck), lambda: ctx.load_seq(0, state)):
+            if ctx.decoding:
+                try:
+                    call()
+                except DecodeRunning as e:
+                    refused.append(str(e))
+    worker.join()
+    assert refused and all("while a decode runs" in r for r in refused)
+    assert ctx.decodes == 2

@@ -28,6 +28,10 @@ _DECODE_ERRORS = {1: "no KV cache slot for the batch (context full)", 2: "aborte
                   -2: "out of memory or compute error", -3: "compute error"}
 
 
+class DecodeRunning(SpecdeckError):
+    """A context's state was to be replaced or freed while a decode runs in it (another thread)."""
+
+
 class LoadCancelled(SpecdeckError):
     """Loading was stopped on request (the server is stopping): not a fault of the model."""
 
@@ -102,10 +106,22 @@ class Context:
         self.batch = Batch(p.n_batch, p.n_seq_max)
         self.decode_seconds = 0.0  # time inside llama_decode (what is not Python)
         self.decodes = 0
+        self.decoding = False  # a llama_decode is running: nothing may free or replace this context's state
+
+    def _not_decoding(self, what: str) -> None:
+        """Nothing frees or replaces a context's state under a decode (a restore, a saved prompt's
+        load, a stop): the engine's thread does all of them between its decodes, and a call from
+        anywhere else while one runs is refused here rather than left to crash llama.cpp."""
+        if self.decoding:
+            raise DecodeRunning(f"{self.model.path.name}: {what} while a decode runs")
 
     def decode(self, batch: Batch) -> None:
         t = time.perf_counter()
-        rc = llama_cpp.llama_decode(self.ptr, batch.raw)
+        self.decoding = True
+        try:
+            rc = llama_cpp.llama_decode(self.ptr, batch.raw)
+        finally:
+            self.decoding = False
         self.decode_seconds += time.perf_counter() - t
         self.decodes += 1
         if rc != 0:
@@ -153,6 +169,7 @@ class Context:
     def load_seq(self, seq: int, data: np.ndarray) -> bool:
         """Replace sequence `seq`'s cache with a `save_seq` copy; False (and the sequence empty)
         where llama.cpp refuses it (not enough free cells)."""
+        self._not_decoding("a saved prompt's load")
         if int(llama_cpp.llama_state_seq_set_data(self.ptr, _bytes_ptr(data), len(data), seq)) == 0:
             self.seq_rm(seq, 0, -1)
             return False
@@ -179,6 +196,7 @@ class Context:
     def load_partial(self, seq: int, data: np.ndarray) -> bool:
         """Put a `save_partial` copy back on its sequence (the rest of the cache stays as it is);
         False where llama.cpp refuses it."""
+        self._not_decoding("a checkpoint's restore")
         flags = llama_cpp.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
         return int(llama_cpp.llama_state_seq_set_data_ext(self.ptr, _bytes_ptr(data), len(data), seq, flags)) != 0
 
@@ -196,6 +214,7 @@ class Context:
 
     def close(self) -> None:
         if self.ptr:
+            self._not_decoding("freeing the context")
             llama_cpp.llama_free(self.ptr)
             self.ptr = None
         self.batch.close()
