@@ -201,8 +201,8 @@ def test_a_saved_prompt_keeps_its_checkpoints(hybrid):
     for p in (a1, b, a2):
         list(eng.generate(Request(prompt=p, max_tokens=4, speculative=SpecParams(enabled=False))))
     assert eng.slots[0].record.reused_tokens == len(a1) - TAIL
-    assert eng.saved.entries and eng.saved.entries[0].checkpoints
-    assert eng.host_cache_bytes() >= eng.saved.nbytes > sum(c.nbytes for c in eng.saved.entries[0].checkpoints)
+    assert eng.cache.saved.entries and eng.cache.saved.entries[0].checkpoints
+    assert eng.cache.host_bytes() >= eng.cache.saved.nbytes > sum(c.nbytes for c in eng.cache.saved.entries[0].checkpoints)
 
 
 def test_a_plain_attention_cache_keeps_no_checkpoints(tiny):

@@ -383,7 +383,7 @@ def test_a_cached_prompt_is_reused_only_by_its_owners_requests(tiny):
     assert b.record.reused_tokens == 0 and out == cold
     out, _ = run(eng, req(prompt + [5], "alice"), slot=1)  # bob's slot: saved for bob; alice borrows her own
     assert b.record.reused_tokens == len(prompt) and out == cold and b.owner == "alice"
-    assert [e.owner for e in eng.saved.entries] == ["bob"]
+    assert [e.owner for e in eng.cache.saved.entries] == ["bob"]
     out, _ = run(eng, req(prompt + [5], "bob"), slot=0)  # alice's slot: bob's saved copy is his
     assert a.record.reused_tokens == len(prompt) and out == cold and a.owner == "bob"
     eng.start(a, req(prompt + [6], "carol"))  # a busy slot of another owner lends nothing either
@@ -409,7 +409,7 @@ def test_prompts_beyond_the_slots_come_back_from_host_memory(tiny):
     cold = engine(0)
     solo = [run(cold, req(p))[0] for p in prompts[:3]]
     run(cold, req(prompts[0]))
-    assert len(cold.saved) == 0 and cold.slots[0].record.reused_tokens == 1
+    assert len(cold.cache.saved) == 0 and cold.slots[0].record.reused_tokens == 1
 
     eng = engine(SAVED)
     for p in prompts[:3]:
@@ -418,13 +418,13 @@ def test_prompts_beyond_the_slots_come_back_from_host_memory(tiny):
         out, _ = run(eng, req(p))
         assert out == want and eng.slots[0].record.reused_tokens == len(p) - 1
         exact(eng)
-    size = eng.saved.entries[0].nbytes
-    assert all(e.nbytes == size for e in eng.saved.entries) and eng.saved.nbytes == len(eng.saved) * size
-    eng.saved.max_bytes = int(3.5 * size)
+    size = eng.cache.saved.entries[0].nbytes
+    assert all(e.nbytes == size for e in eng.cache.saved.entries) and eng.cache.saved.nbytes == len(eng.cache.saved) * size
+    eng.cache.saved.max_bytes = int(3.5 * size)
     for p in prompts[:5]:
         run(eng, req(p))
-    held = {tuple(e.tokens[:81]) for e in eng.saved.entries}
-    assert held == {tuple(p) for p in prompts[1:4]} and eng.saved.nbytes <= eng.saved.max_bytes
+    held = {tuple(e.tokens[:81]) for e in eng.cache.saved.entries}
+    assert held == {tuple(p) for p in prompts[1:4]} and eng.cache.saved.nbytes <= eng.cache.saved.max_bytes
 
 
 def test_idle_slots_go_to_host_memory_when_the_pool_is_short(tiny):
@@ -437,7 +437,7 @@ def test_idle_slots_go_to_host_memory_when_the_pool_is_short(tiny):
     want, _ = run(Engine(Context(Model(tiny.target), params(256, 1), 1), None, 1), Request(prompt=first + [7], max_tokens=4))
     run(eng, Request(prompt=first, max_tokens=4), slot=0)
     run(eng, Request(prompt=[1] + [270] * 200, max_tokens=4), slot=1)  # needs slot 0's cells
-    assert a.cached == [] and tc.pos_max(a.id) == -1 and [e.tokens[:61] for e in eng.saved.entries] == [first]
+    assert a.cached == [] and tc.pos_max(a.id) == -1 and [e.tokens[:61] for e in eng.cache.saved.entries] == [first]
     run(eng, Request(prompt=[1] + [260] * 10, max_tokens=4), slot=1)  # slot 1's cache is saved too
     out, _ = run(eng, Request(prompt=first + [7], max_tokens=4), slot=0)
     assert a.record.reused_tokens == len(first) and out == want
@@ -453,17 +453,17 @@ def test_saved_copies_of_conversations_with_a_common_head(tiny):
     eng = Engine(Context(Model(tiny.target), params(2048, 1), 1), None, 1, saved_bytes=SAVED)
     run(eng, Request(prompt=convs[0], max_tokens=4))
     run(eng, Request(prompt=convs[1], max_tokens=4))
-    eng.saved.max_bytes = int(3.5 * eng.saved.entries[0].nbytes)
+    eng.cache.saved.max_bytes = int(3.5 * eng.cache.saved.entries[0].nbytes)
     for c in convs[2:]:
         run(eng, Request(prompt=c, max_tokens=4))
-    assert {tuple(e.tokens[:101]) for e in eng.saved.entries} == {tuple(c) for c in convs[1:4]}
+    assert {tuple(e.tokens[:101]) for e in eng.cache.saved.entries} == {tuple(c) for c in convs[1:4]}
     back = convs[2] + [5, 6]
     run(eng, Request(prompt=back, max_tokens=4))
     assert eng.slots[0].record.reused_tokens >= len(convs[2])
     run(eng, Request(prompt=convs[0], max_tokens=4))
-    held = sorted(tuple(e.tokens[:101]) for e in eng.saved.entries)
+    held = sorted(tuple(e.tokens[:101]) for e in eng.cache.saved.entries)
     assert held == sorted(tuple(c) for c in (convs[2], convs[3], convs[4]))
-    assert next(len(e.tokens) for e in eng.saved.entries if e.tokens[:101] == convs[2]) == len(back) + 3
+    assert next(len(e.tokens) for e in eng.cache.saved.entries if e.tokens[:101] == convs[2]) == len(back) + 3
     exact(eng)
 
 

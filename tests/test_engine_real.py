@@ -129,8 +129,8 @@ def test_a_sliding_window_conversation_comes_back_from_host_memory(gemma):
     eng = Engine(ctx_for(gemma), None, 1, saved_bytes=2**30)
     list(eng.generate(req(first)))
     list(eng.generate(req(long_prompt(600, seed=4))))
-    assert [len(e.tokens) for e in eng.saved.entries] == [len(first) + 5]
-    cached = list(eng.saved.entries[0].tokens)
+    assert [len(e.tokens) for e in eng.cache.saved.entries] == [len(first) + 5]
+    cached = list(eng.cache.saved.entries[0].tokens)
     got = [t for s in eng.generate(req(cached + back[len(first):])) for t in s.tokens]
     assert eng.slots[0].record.reused_tokens == len(cached)
     cold = [t for s in Engine(ctx_for(gemma), None, 1).generate(req(cached + back[len(first):])) for t in s.tokens]

@@ -14,13 +14,10 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import Protocol
 
 import numpy as np
-from pydantic import BaseModel, Field
 
-from app.engine import kv
 from app.engine.accept import (
     Accepted,
     accept_by_match,
@@ -28,92 +25,28 @@ from app.engine.accept import (
     accept_greedy,
     draw,
 )
+from app.engine.cache import PoolBusy, PromptCache
 from app.engine.checkpoints import Checkpoints
 from app.engine.drafters.base import Ask, Draft, Drafter
-from app.engine.logprobs import MAX_TOP, token_logprob
+from app.engine.logprobs import token_logprob
 from app.engine.records import RequestRecord, StepRecord
-from app.engine.sampling import SamplingParams, TokenSampler
-from app.engine.saved import Saved, SavedPrompts
+from app.engine.sampling import TokenSampler
+from app.engine.saved import SavedPrompts
+from app.engine.slots import Prefill, Request, Slot, SpecParams
 from app.errors import SpecdeckError
 from app.llama.context import Context
+
+__all__ = ["ContextOverflow", "CostObserver", "Engine", "Interrupted", "PoolBusy", "Prefill", "Request", "Slot",
+           "SpecParams", "can_roll_back"]
 
 
 class ContextOverflow(SpecdeckError):
     """The prompt (plus what must be generated) does not fit the context."""
 
 
-class PoolBusy(SpecdeckError):
-    """The shared KV pool is held by requests in flight: this one must wait."""
-
-
 class Interrupted(SpecdeckError):
     """The prompt's evaluation was stopped between two chunks (the engine halting, or the request
     cancelled); what was evaluated stays in the slot's cache as a reusable prefix."""
-
-
-class SpecParams(BaseModel):
-    enabled: bool = True
-    n_max: int = Field(8, ge=0, le=64)
-    mode: Literal["match", "rejection"] = "match"
-
-    @property
-    def k(self) -> int:
-        return self.n_max if self.enabled else 0
-
-
-class Request(BaseModel):
-    prompt: list[int]
-    max_tokens: int = Field(256, ge=0)  # 0: evaluate and cache the prompt, generate nothing
-    sampling: SamplingParams = SamplingParams()
-    speculative: SpecParams = SpecParams()
-    stop_tokens: set[int] = set()
-    trace: bool = False  # record the target's argmax and top-2 gap at each emitted token
-    logprobs: int | None = Field(None, ge=0, le=MAX_TOP)  # record log-probabilities (and this many alternatives)
-    # whose text this is (the API key's name): drafters learn across requests within it; None: this
-    # request neither drafts from earlier requests nor joins them
-    partition: str | None = ""
-    # whose prompt this is (the API key's name): a request reuses cached prefixes only of its owner's
-    # earlier requests, so no client's time to first token reveals what another client sent
-    owner: str = ""
-
-
-@dataclass
-class Slot:
-    id: int
-    cached: list[int] = field(default_factory=list)  # exactly what the target's cache holds
-    owner: str = ""  # whose requests the cache holds (Request.owner): only theirs reuse it
-    tokens: list[int] = field(default_factory=list)  # prompt + emitted; tokens[-1] is not in the cache yet
-    request: Request | None = None
-    record: RequestRecord | None = None
-    sampler: TokenSampler | None = None
-    rng: np.random.Generator | None = None
-    generated: int = 0
-    prefill: Prefill | None = None  # the prompt being evaluated into this slot, chunk by chunk
-    # cells the cache's first `shared` tokens share with slot `lender`'s (a borrowed prefix): counted
-    # once, at the lender, when the pool's free cells are reckoned
-    lender: int | None = None
-    shared: int = 0
-
-
-@dataclass
-class Prefill:
-    """A prompt on its way into a slot's cache (`Engine.begin`, then `advance` a chunk at a time):
-    the scheduler interleaves its chunks with other slots' steps and can stop between them."""
-
-    slot: Slot
-    request: Request
-    done: int  # the prompt's first `done` tokens are in the cache
-    reused: int  # of them, those the cache held already
-    t0: float = field(default_factory=time.perf_counter)
-    t_eval: float = 0.0  # seconds spent evaluating
-
-    @property
-    def total(self) -> int:
-        return len(self.request.prompt)
-
-    @property
-    def left(self) -> int:
-        return self.total - self.done
 
 
 def _top2(logits: np.ndarray) -> tuple[int, float]:
@@ -140,14 +73,12 @@ class Engine:
         self.drafter = drafter
         self.costs = costs  # told the time of every verify decode (the controller's cost model learns from them)
         self.n_vocab = target.model.n_vocab
-        self.window = target.model.swa_window
         self.slots = [Slot(i) for i in range(n_slots)]
         # prompts whose slot was taken by another request, kept in host memory (0 bytes: none): a
         # conversation that comes back gets its cache back with one copy
-        self.saved = SavedPrompts(saved_bytes)
-        # partial states of a recurrent / sliding-window cache that let a slot go back to an earlier
-        # prefix (none kept for a cache that can simply be cut back)
-        self.checkpoints = checkpoints or Checkpoints(target, 0, 0)
+        # the slots' prompt caches in the one KV pool (reuse, saved prompts, checkpoints, free cells)
+        self.cache = PromptCache(target, self.slots, drafter, SavedPrompts(saved_bytes),
+                                 checkpoints or Checkpoints(target, 0, 0))
         target.clear()  # the engine owns the context from here: its slots' records are the truth
         # recurrent / hybrid models can roll back only as many tokens as they keep snapshots for
         self.draft_limit = draft_limit if draft_limit is not None else 64
@@ -158,11 +89,6 @@ class Engine:
                 f"{target.model.path.name} has recurrent layers and this context cannot roll them back "
                 f"(n_rs_seq {target.params.n_rs_seq}; llama.cpp keeps rollback snapshots only for some "
                 f"architectures): serve it without speculation")
-
-    def host_cache_bytes(self) -> int:
-        """Host memory the bounded caches hold: saved prompts and the drafter's index. Designed growth,
-        up to their bounds, that a memory alert must not take for a leak."""
-        return self.saved.nbytes + self.checkpoints.nbytes + (self.drafter.host_bytes() if self.drafter is not None else 0)
 
     # -- a request's life ---------------------------------------------------------------------
 
@@ -187,31 +113,9 @@ class Engine:
         if len(req.prompt) >= self.target.n_ctx:
             raise ContextOverflow(f"prompt of {len(req.prompt):,} tokens does not fit the context of {self.target.n_ctx:,}")
         t0 = time.perf_counter()
-        if slot.owner != req.owner:  # another owner's cache: never a prefix for this request
-            self._save(slot, [])
-            self._drop(slot)
-            slot.owner = req.owner
-        else:
-            self._save(slot, req.prompt)
-        self._reuse(slot, req.prompt)
-        self._make_room(slot, len(req.prompt) - slot.shared)
-        n = kv.sync(self.target, slot.id, slot.cached, req.prompt, self.window, need_logits=True,
-                    checkpoints=self.checkpoints)
-        self.checkpoints.new_prompt(slot.id)
-        self._shrunk(slot)
+        n = self.cache.prepare(slot, req)
         slot.prefill = Prefill(slot, req, n, n, t0)
         return slot.prefill
-
-    def fits(self, slot: Slot, req: Request) -> bool:
-        """Could the prompt start on this slot now? No, where the requests in flight (generating or
-        evaluating a prompt) hold so much of the pool that the rest is too small for it, even with
-        every idle cache moved out; cells it could share with a busy slot's prefix count as held."""
-        busy = [s for s in self.slots if s is not slot and (s.request is not None or s.prefill is not None)]
-        held = sum(self._cells(s) for s in busy)
-        shared = 0
-        if self.target.shares_cells:
-            shared = max((kv.common_prefix(s.cached, req.prompt) for s in busy if s.owner == req.owner), default=0)
-        return self.target.n_ctx - held >= len(req.prompt) - min(shared, len(req.prompt) - 1)
 
     def advance(self, p: Prefill, budget: int) -> StepRecord | None:
         """Evaluate up to `budget` more tokens of the prompt (in chunks of n_ubatch); once it is all in,
@@ -220,10 +124,10 @@ class Engine:
         end = min(p.total, p.done + max(1, budget))
         t = time.perf_counter()
         try:
-            idx = self.checkpoints.evaluate(slot.id, prompt, p.done, logits_last=True, end=end)
+            idx = self.cache.checkpoints.evaluate(slot.id, prompt, p.done, logits_last=True, end=end)
         except BaseException:  # llama.cpp refused a chunk (or worse): the cache back to slot.cached, the slot free
-            slot.cached = prompt[: kv.truncate(self.target, slot.id, p.done, self.window, self.checkpoints)]
-            self._shrunk(slot)
+            slot.cached = prompt[: p.done]
+            self.cache.truncate(slot, p.done)
             slot.prefill = None
             raise
         slot.cached.extend(prompt[p.done: end])
@@ -273,136 +177,11 @@ class Engine:
             rec.finish_reason = "length"
         return rec
 
-    BORROW_MIN = 32  # tokens: sharing a shorter prefix than this is not worth dropping the slot's own
-
-    def _reuse(self, slot: Slot, prompt: list[int]) -> None:
-        """Where another slot of the same owner (busy or idle) or a saved copy holds a longer prefix of
-        this prompt than the slot's own cache (a coding tool resends the file while its last request
-        still streams; a conversation comes back after its slot served others), start from the one
-        holding the most."""
-        own = kv.common_prefix(slot.cached, prompt)
-        donor = self._donor(slot, prompt, own)
-        saved = self._saved_prefix(prompt, slot.owner, max(own, donor[1] if donor else 0))
-        if saved is not None:
-            self._restore(slot, saved)
-        elif donor is not None:
-            self._borrow(slot, prompt, *donor)
-
-    def _donor(self, slot: Slot, prompt: list[int], own: int) -> tuple[Slot, int] | None:
-        """The other slot of the same owner holding the longest prefix of the prompt, and how much,
-        where that beats the slot's own cache by BORROW_MIN tokens (only where cells can be shared)."""
-        if not self.target.shares_cells:
-            return None
-        donor, n = max(((s, kv.common_prefix(s.cached, prompt)) for s in self.slots
-                        if s is not slot and s.owner == slot.owner), key=lambda x: x[1], default=(None, 0))
-        n = min(n, len(prompt) - 1)
-        if donor is None or n < max(own + 1, self.BORROW_MIN):
-            return None
-        return donor, n
-
-    def _saved_prefix(self, prompt: list[int], owner: str, beat: int) -> Saved | None:
-        """The saved copy of this owner's that holds the longest prefix of the prompt, where that beats
-        `beat` tokens by BORROW_MIN. Sliding-window and recurrent state cannot go back into a copy:
-        there only a copy the prompt extends whole (or but for its last token) is worth loading."""
-        hit = self.saved.best(owner, prompt)
-        if hit is None:
-            return None
-        entry, n = hit
-        n = min(n, len(prompt) - 1)
-        if not self.target.shares_cells and n < len(entry.tokens) - 1:  # only as far back as a checkpoint
-            n = max((c.n for c in entry.checkpoints if c.n <= n), default=0) if self.checkpoints.enabled else 0
-        if n < beat + self.BORROW_MIN:
-            return None
-        return entry
-
-    def _save(self, slot: Slot, prompt: list[int]) -> None:
-        """Before this prompt replaces what the slot's cache holds (all of it but the common prefix),
-        keep a copy in host memory, unless another slot or a saved copy holds it already."""
-        n = len(slot.cached)
-        if not self.saved.max_bytes or n - kv.common_prefix(slot.cached, prompt) < self.BORROW_MIN:
-            return
-        if self.target.shares_cells and any(s is not slot and s.owner == slot.owner
-                                            and kv.common_prefix(s.cached, slot.cached) == n for s in self.slots):
-            return
-        if not self.saved.covers(slot.owner, slot.cached):
-            self.saved.add(slot.owner, slot.cached, self.target.save_seq(slot.id), slack=self.BORROW_MIN,
-                           checkpoints=self.checkpoints.of(slot.id))
-
-    def _restore(self, slot: Slot, entry: Saved) -> None:
-        """The slot's cache becomes a saved copy (one copy into free cells of the pool); where the pool
-        has no room for it, the slot starts empty."""
-        self.saved.touch(entry)
-        self._drop(slot)
-        need = len(entry.tokens)
-        if self._free_cells(need, keep={slot.id}, mine=slot) >= need and self.target.load_seq(slot.id, entry.data):
-            slot.cached = list(entry.tokens)
-            self.checkpoints.give(slot.id, entry.checkpoints)
-
-    def _drop(self, slot: Slot) -> None:
-        """Empty a slot's cache (the target's, and the drafter's state for it)."""
-        self.target.seq_rm(slot.id, 0, -1)
-        self.checkpoints.drop(slot.id)
-        slot.cached = []
-        self._shrunk(slot)
-        if self.drafter is not None:
-            self.drafter.release(slot.id)
-
-    def _borrow(self, slot: Slot, prompt: list[int], donor: Slot, n: int) -> None:
-        """The slot shares the donor's cells for the prompt's first n tokens. In a unified KV cache the
-        cells are only tagged with both sequences, nothing is copied, and a later rollback of either
-        sequence leaves the other's tags alone."""
-        self.target.seq_rm(slot.id, 0, -1)
-        self.target.seq_cp(donor.id, slot.id, 0, n)
-        slot.cached = list(prompt[:n])
-        slot.lender, slot.shared = donor.id, n
-        if self.drafter is not None:
-            self.drafter.release(slot.id)
-            self.drafter.share_prefix(donor.id, slot.id, prompt[:n])
-
-    def _shrunk(self, slot: Slot) -> None:
-        """The slot's cache was cut back: the cells it shared with a lender, or lent to others, go no
-        further than what it still holds (cells evaluated again later are its own)."""
-        n = len(slot.cached)
-        slot.shared = min(slot.shared, n)
-        if slot.shared == 0:
-            slot.lender = None
-        for s in self.slots:
-            if s.lender == slot.id:
-                s.shared = min(s.shared, n)
-                if s.shared == 0:
-                    s.lender = None
-
-    def _cells(self, s: Slot) -> int:
-        """The pool cells a slot holds that no other slot counts: its cache (a prompt being evaluated
-        holds its whole length), less the prefix it shares with its lender."""
-        held = len(s.prefill.request.prompt) if s.prefill is not None else len(s.cached)
-        return held - s.shared
-
-    def _make_room(self, slot: Slot, need: int) -> None:
-        """Room for `need` cells on `slot` (besides what the other slots hold), else PoolBusy."""
-        if self._free_cells(need, keep={slot.id}, mine=slot) < need:
-            raise PoolBusy(f"the context pool ({self.target.n_ctx:,} tokens) is held by requests in flight")
-
-    def _free_cells(self, need: int, keep: set[int], mine: Slot | None = None) -> int:
-        """The slots share one KV pool: idle slots' cached prompts (never those in `keep`, nor a prompt
-        being evaluated) go to host memory, in slot order, until `need` cells are free; returns the
-        cells free (not counting `mine`'s own cache; a prefix two slots share counts once)."""
-        def free() -> int:
-            return self.target.n_ctx - sum(self._cells(s) for s in self.slots if s is not mine)
-
-        for s in self.slots:
-            if free() >= need:
-                break
-            if s.id not in keep and s.request is None and s.prefill is None and s.cached:
-                self._save(s, [])
-                self._drop(s)
-        return free()
-
     def _budget(self, slots: Sequence[Slot], ks: dict[int, int]) -> list[Slot]:
         """Fit this step in the shared pool: each slot needs one cell for its next token and one per
         drafted token. Drafts shrink first; slots that cannot get a single cell are returned (their
         requests end at the context limit) and ks is cut to what fits."""
-        free = self._free_cells(sum(1 + k for k in ks.values()), keep={s.id for s in slots})
+        free = self.cache.free_cells(sum(1 + k for k in ks.values()), keep={s.id for s in slots})
         starved = list(slots[max(0, free):])
         left = max(0, free) - (len(slots) - len(starved))
         for s in slots:
@@ -615,9 +394,7 @@ class Engine:
                 slot.record.t_generate = time.perf_counter() - t0 - slot.record.t_prompt
                 self.finish(slot, "cancelled")
             if self.target.pos_max(slot.id) >= len(slot.cached):  # a step broke off mid-way
-                n = kv.truncate(self.target, slot.id, len(slot.cached), self.window, self.checkpoints)
-                del slot.cached[n:]
-                self._shrunk(slot)
+                self.cache.truncate(slot, len(slot.cached))
 
 
 def can_roll_back(ctx: Context) -> bool:

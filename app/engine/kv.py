@@ -16,12 +16,19 @@ instead, where there is one, and only the rest is evaluated again.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from app.llama.context import Batch, Context
 
-if TYPE_CHECKING:
-    from app.engine.checkpoints import Checkpoints
+
+class Rewind(Protocol):
+    """What lets a cache go back where it cannot be cut (checkpoints.Checkpoints)."""
+
+    def restore(self, seq: int, n: int, window: int) -> int: ...
+
+    def cut(self, seq: int, n: int) -> None: ...
+
+    def drop(self, seq: int) -> None: ...
 
 CHUNK = 4096  # tokens compared at a time by C code (a Python loop over 100K tokens takes milliseconds)
 
@@ -53,7 +60,7 @@ def can_keep(ctx: Context, seq: int, n: int, window: int) -> bool:
     return window <= 0 or lo <= max(0, n - window)
 
 
-def truncate(ctx: Context, seq: int, n: int, window: int, checkpoints: Checkpoints | None = None) -> int:
+def truncate(ctx: Context, seq: int, n: int, window: int, checkpoints: Rewind | None = None) -> int:
     """Drop positions >= n; returns n, or where that cannot be done the length of the checkpoint put
     back instead (< n), or 0 when the cache had to be cleared."""
     if n > 0 and can_keep(ctx, seq, n, window) and ctx.seq_rm(seq, n, -1):
@@ -71,7 +78,7 @@ def truncate(ctx: Context, seq: int, n: int, window: int, checkpoints: Checkpoin
 
 
 def sync(ctx: Context, seq: int, cached: list[int], wanted: Sequence[int], window: int, need_logits: bool,
-         known: int = 0, checkpoints: Checkpoints | None = None) -> int:
+         known: int = 0, checkpoints: Rewind | None = None) -> int:
     """Make the cache hold a reusable prefix of `wanted`; returns its length (<= len(wanted) - need_logits).
     `known`: cached[:known] == wanted[:known] already (see `Growth`)."""
     n = common_prefix(cached, wanted, known)

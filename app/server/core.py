@@ -255,9 +255,9 @@ def refresh_gauges(service: Service, metrics: Metrics) -> list:
     metrics.queue_limit.set(service.scheduler.max_queue)
     metrics.slots.set(len(service.scheduler.engine.slots))
     metrics.fallback.set(1 if service.fallback else 0)
-    saved = service.scheduler.engine.saved
+    saved = service.scheduler.engine.cache.saved
     metrics.saved_bytes.set(saved.nbytes)
-    metrics.cache_host_bytes.set(service.scheduler.engine.host_cache_bytes())
+    metrics.cache_host_bytes.set(service.scheduler.engine.cache.host_bytes())
     metrics.saved_prompts.set(len(saved))
     if service.plan.device == "cuda":
         metrics.vram_planned.set(service.plan.used)

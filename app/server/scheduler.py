@@ -216,7 +216,7 @@ class Scheduler:
                 job.send(Failed("the request ran past its time limit waiting in the queue", 503))
                 continue
             slot = pick_slot(free, job.request.prompt, self.last_used, owner=job.request.owner)
-            if not self.engine.fits(slot, job.request) and self.busy_slots():
+            if not self.engine.cache.fits(slot, job.request) and self.busy_slots():
                 self._wait(job)  # the requests in flight hold the pool: first in line once they end
                 return
             try:

@@ -35,7 +35,7 @@ def observation(service, metrics: Metrics, gpus: tuple[Gpu, ...], baseline_accep
         gpu_temperature=gpu.temperature_c if gpu else None, gpu_slowdown=gpu.temperature_slowdown_c if gpu else None,
         gpu_power=gpu.power_w if gpu else None, gpu_power_limit=gpu.power_limit_w if gpu else None,
         rss=psutil.Process().memory_info().rss,
-        cached=service.scheduler.engine.host_cache_bytes() if service.scheduler else None,
+        cached=service.scheduler.engine.cache.host_bytes() if service.scheduler else None,
     )
 
 
