@@ -251,3 +251,36 @@ def test_nothing_replaces_or_frees_a_context_under_a_decode(hybrid):
     worker.join()
     assert refused and all("while a decode runs" in r for r in refused)
     assert ctx.decodes == 2
+
+
+def test_a_draft_longer_than_the_rollback_snapshots_is_verified_from_a_checkpoint(hybrid):
+    """Two snapshots, drafts of 6: where the target keeps fewer than 4 of them, the state from
+    before the verify is put back and the kept tokens evaluated again; the answer is plain
+    decoding's, and the cache holds exactly what was emitted."""
+    from app.engine.drafters.fixed import ListDrafter
+
+    prompt = [5 + i % 3000 for i in range(300)]
+    plain_ctx = Context(hybrid, params(n_rs_seq=2), 1)
+    truth = [t for s in Engine(plain_ctx, None, 1).generate(Request(prompt=prompt, max_tokens=24,
+                                                                    speculative=SpecParams(enabled=False))) for t in s.tokens]
+    class ThirdWrong(ListDrafter):  # the answer, but every draft's third token wrong: 2 of 6 kept
+        def propose(self, seq, history, k, sampling=None, rng=None):
+            d = super().propose(seq, history, k, sampling, rng)
+            if len(d.tokens) > 2:
+                d.tokens[2] = (d.tokens[2] + 1) % 4000 + 8
+            return d
+
+    drafts = [prompt + truth]
+    ctx = Context(hybrid, params(n_rs_seq=2), 1)
+    eng = Engine(ctx, ThirdWrong(drafts), 1, draft_limit=6, checkpoints=Checkpoints(ctx, 4, 4096))
+    assert eng.draft_limit == 6  # not capped at the 2 snapshots
+    replays = []
+    original = eng._replay
+    eng._replay = lambda: (replays.append(len(eng._replays)), original())[1]
+    steps = list(eng.generate(Request(prompt=prompt, max_tokens=24, speculative=SpecParams(n_max=6))))
+    assert [t for s in steps for t in s.tokens] == truth
+    assert max(s.drafted for s in steps) == 6 and sum(replays) >= 2
+    slot = eng.slots[0]
+    assert ctx.pos_max(0) == len(slot.cached) - 1 and slot.cached == (prompt + truth)[: len(slot.cached)]
+    no_ckpt = Engine(Context(hybrid, params(n_rs_seq=2), 1), ListDrafter(drafts), 1, draft_limit=6)
+    assert no_ckpt.draft_limit == 2  # without checkpoints: capped at the snapshots

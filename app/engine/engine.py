@@ -18,6 +18,7 @@ from typing import Protocol
 
 import numpy as np
 
+from app.engine import kv
 from app.engine.accept import (
     Accepted,
     accept_by_match,
@@ -74,17 +75,19 @@ class Engine:
         self.costs = costs  # told the time of every verify decode (the controller's cost model learns from them)
         self.n_vocab = target.model.n_vocab
         self.slots = [Slot(i) for i in range(n_slots)]
-        # prompts whose slot was taken by another request, kept in host memory (0 bytes: none): a
-        # conversation that comes back gets its cache back with one copy
         # the slots' prompt caches in the one KV pool (reuse, saved prompts, checkpoints, free cells)
         self.cache = PromptCache(target, self.slots, drafter, SavedPrompts(saved_bytes),
                                  checkpoints or Checkpoints(target, 0, 0))
         target.clear()  # the engine owns the context from here: its slots' records are the truth
-        # recurrent / hybrid models can roll back only as many tokens as they keep snapshots for
+        # recurrent / hybrid models can roll back only as many tokens as they keep snapshots for;
+        # with checkpoints, a draft longer than that is verified from a checkpoint taken before it
         self.draft_limit = draft_limit if draft_limit is not None else 64
-        if target.model.is_recurrent:
-            self.draft_limit = min(self.draft_limit, target.params.n_rs_seq)
-        if drafter is not None and target.model.is_recurrent and not can_roll_back(target):
+        self.snapshots = target.params.n_rs_seq if target.model.is_recurrent else None
+        if self.snapshots is not None and not self.cache.checkpoints.enabled:
+            self.draft_limit = min(self.draft_limit, self.snapshots)
+        self._replays: list[tuple[Slot, int, object]] = []  # rollbacks past the snapshots, after a verify
+        if drafter is not None and target.model.is_recurrent and not self.cache.checkpoints.enabled \
+                and not can_roll_back(target):
             raise SpecdeckError(
                 f"{target.model.path.name} has recurrent layers and this context cannot roll them back "
                 f"(n_rs_seq {target.params.n_rs_seq}; llama.cpp keeps rollback snapshots only for some "
@@ -229,8 +232,28 @@ class Engine:
         drafts, t_draft = self._draft(slots, ks)
         if not slots:
             return ended
+        before = self._before_verify(slots, drafts)
         rows, t_verify = self._verify_decode(slots, drafts)
-        return ended + [self._keep(s, drafts[s.id], rows[s.id], ks[s.id], t_draft[s.id], t_verify) for s in slots]
+        kept = [self._keep(s, drafts[s.id], rows[s.id], ks[s.id], t_draft[s.id], t_verify, before.get(s.id))
+                for s in slots]
+        self._replay()
+        return ended + kept
+
+    def _before_verify(self, slots: Sequence[Slot], drafts: dict[int, Draft]) -> dict[int, object]:
+        """Where a draft is longer than the recurrent state's rollback snapshots (with checkpoints on),
+        the slot's partial state before the verify, to go back to if the target keeps too little."""
+        if self.snapshots is None:
+            return {}
+        return {s.id: self.target.save_partial(s.id) for s in slots if len(drafts[s.id].tokens) > self.snapshots}
+
+    def _replay(self) -> None:
+        """Roll back past the snapshots: put the state from before the verify back, cut the attention
+        cells there, and evaluate the kept tokens again (after every slot's logits were read)."""
+        replays, self._replays = self._replays, []
+        for s, base, state in replays:
+            if not (self.target.load_partial(s.id, state) and self.target.seq_rm(s.id, base, -1)):
+                raise SpecdeckError(f"llama.cpp could not roll slot {s.id} back to {base}")
+            kv.evaluate(self.target, s.id, s.cached, base, logits_last=False)
 
     def _drop_starved(self, slots: Sequence[Slot], ks: dict[int, int]) -> tuple[list[StepRecord], list[Slot]]:
         """Slots the KV pool has no room for end with "context"; the others go on."""
@@ -257,14 +280,18 @@ class Engine:
             self.costs.observe_verify(len(batch), t_verify)
         return rows, t_verify / max(1, len(slots))
 
-    def _keep(self, s: Slot, d: Draft, rows: list[int], k: int, t_draft: float, t_verify: float) -> StepRecord:
-        """Accept the agreeing prefix of one slot's draft, roll the cache back past it, record the step."""
+    def _keep(self, s: Slot, d: Draft, rows: list[int], k: int, t_draft: float, t_verify: float,
+              before: object | None = None) -> StepRecord:
+        """Accept the agreeing prefix of one slot's draft, roll the cache back past it, record the step.
+        `before`: the slot's partial state before the verify, where the snapshots may not reach back."""
         t = time.perf_counter()
         acc, argmax, gaps = self._accept(s, d, rows)
         base = len(s.tokens) - 1
         keep = base + 1 + acc.n_accepted  # positions [0, keep) stay in the cache
         if not self.target.seq_rm(s.id, keep, -1):
-            raise SpecdeckError(f"llama.cpp could not roll slot {s.id} back to {keep}")
+            if before is None:
+                raise SpecdeckError(f"llama.cpp could not roll slot {s.id} back to {keep}")
+            self._replays.append((s, base, before))
         # the cache now holds tokens[:base] (as before the step), the last token and the kept
         # drafts; updated in place: a copy of the whole context each step is milliseconds at 110K
         del s.cached[base:]
