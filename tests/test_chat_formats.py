@@ -6,6 +6,7 @@ llama.cpp's own grammar parser accepts."""
 import ctypes
 import json
 import re
+from pathlib import Path
 
 import pytest
 
@@ -330,6 +331,55 @@ def test_call_grammars_parse_in_llama_cpp(spec, gbnf_check):
 def test_a_lazy_grammar_starts_at_the_formats_opening(spec, answer, triggers):
     (pattern,) = call_grammar(spec, TOOLS, forced=False).triggers
     assert bool(re.search(pattern, answer)) == triggers
+
+
+LAZY_ACCEPT = """
+import ctypes, sys
+import llama_cpp
+from app.chat.grammar import call_grammar
+from app.chat import formats
+from app.chat.detect import REASONING
+from app.chat.spec import ChatSpec
+from app.engine.sampling import grammar_sampler
+
+llama_cpp.llama_backend_init()
+params = llama_cpp.llama_model_default_params()
+params.vocab_only = True
+model = llama_cpp.llama_model_load_from_file(sys.argv[1].encode(), params)
+vocab = llama_cpp.llama_model_get_vocab(model)
+tool = {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}
+g = call_grammar(ChatSpec(formats.BY_NAME["qwen3-coder"], REASONING[0]), [tool], forced=False)
+for pieces in sys.argv[2:]:
+    sampler = grammar_sampler(vocab, g.gbnf, g.triggers)
+    for piece in pieces.split("|"):
+        ids = [300] if piece == "=add" else [301] if piece == "=get" else [302] if piece == "<function" else \
+            [3 + b for b in piece.encode()]
+        for t in ids:
+            llama_cpp.llama_sampler_accept(sampler, t)
+    llama_cpp.llama_sampler_free(sampler)
+    print("accepted", repr(pieces), flush=True)
+"""
+
+
+def test_a_lazy_grammar_survives_a_token_that_completes_an_opening_and_goes_on(tmp_path):
+    """`<function=` is no special token: the model's token `=add` completes it and names a function not
+    offered. llama.cpp feeds a lazy grammar, once triggered, the text from the opening on and aborts the
+    process (an uncaught C++ exception) if the grammar cannot take it: the trigger must not fire
+    there (the call stays text); `=get` (an offered function's start) triggers as before."""
+    import subprocess
+    import sys
+
+    from support.tinymodels import tiny_vocab, write_tiny_model
+
+    tokens = list(tiny_vocab()[0])
+    tokens[300:303] = ["=add", "=get", "<function"]
+    vocab = write_tiny_model(tmp_path / "vocab.gguf", n_layers=1, tokens=tokens)
+    ok = "Sure |<function|=get|_weather>\n<parameter=city>\nOslo\n</parameter>\n</function>"
+    bad = "Sure |<function|=add|>\n</function>\nDone."
+    r = subprocess.run([sys.executable, "-c", LAZY_ACCEPT, str(vocab), ok, bad], capture_output=True, text=True,
+                       cwd=Path(__file__).resolve().parents[1], timeout=120)
+    assert r.returncode == 0, (r.returncode, r.stdout, r.stderr[-2000:])
+    assert r.stdout.count("accepted") == 2, r.stdout
 
 
 def test_a_stray_closing_marker_never_reaches_the_content():

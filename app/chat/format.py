@@ -63,6 +63,25 @@ class ToolFormat:
         """Messages for a template that does not render tools itself (the generic format): as they are here."""
         return messages
 
+    def trigger(self, opening: str, tools: list[dict]) -> str:
+        """The lazy grammar's trigger pattern for one of the openings. llama.cpp, once a pattern matches,
+        feeds the grammar the text from the opening on, the rest of the token that completed it
+        included, and aborts the process if the grammar cannot take it: an opening that is not a
+        special token may need what follows it checked too (see Qwen3Coder)."""
+        return re.escape(opening)
+
+
+def prefix_pattern(texts: list[str]) -> str:
+    """A regex for any prefix (the empty one too) of one of `texts`."""
+    def one(text: str) -> str:
+        out = ""
+        for ch in reversed(text):
+            esc = "\\n" if ch == "\n" else re.escape(ch)  # a new line as \n, which std::regex reads
+            out = f"(?:{esc}{out})?"
+        return out
+
+    return "(?:" + "|".join(one(t) for t in texts) + ")"
+
 
 def rule_name(name: str) -> str:
     return re.sub(r"[^a-zA-Z0-9-]+", "-", name) or "fn"
