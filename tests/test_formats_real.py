@@ -94,6 +94,28 @@ def test_anthropic_forced_call_parsed_and_typed(server):
     assert [e["delta"]["stop_reason"] for e in events if e["type"] == "message_delta"] == ["tool_use"]
 
 
+def test_anthropic_any_forces_a_call_where_auto_answers_text(server):
+    """A question no tool answers: with tool_choice auto the 1.5B writes a call of a function not
+    offered (`<function=add>`, its `=add` one token past the opening): it stays text, a 200, and the
+    server lives on (it used to abort: llama.cpp's lazy grammar, triggered there, could not take the
+    token). tool_choice any: a call all the same, of the tool offered, its arguments of the schema's
+    types, by the grammar in the model's own format."""
+    client, _ = server
+    body = {"model": "any", "max_tokens": 80, "messages": [{"role": "user", "content": "What is 2 + 2? Answer with the number only."}],
+            "tools": [{"name": TOOL["name"], "description": TOOL["description"], "input_schema": TOOL["parameters"]}],
+            "thinking": {"type": "disabled"}, "temperature": 0}
+    auto = client.post("/v1/messages", json=body)
+    assert auto.status_code == 200, auto.text
+    assert auto.json()["stop_reason"] == "end_turn" and [b["type"] for b in auto.json()["content"]] == ["text"], auto.text
+    assert client.get("/health").status_code == 200
+    forced = client.post("/v1/messages", json={**body, "tool_choice": {"type": "any", "disable_parallel_tool_use": True}}).json()
+    assert forced["stop_reason"] == "tool_use", forced
+    calls = [(b["name"], b["input"]) for b in forced["content"] if b["type"] == "tool_use"]
+    assert [name for name, _ in calls] == ["get_weather"], forced
+    args = calls[0][1]
+    assert set(args) == {"city", "days"} and isinstance(args["city"], str) and isinstance(args["days"], int), forced
+
+
 def test_responses_forced_call_parsed_and_typed(server):
     client, _ = server
     body = {"input": ASK, "tools": [{"type": "function", **TOOL}], "tool_choice": "required", "max_output_tokens": 120,
