@@ -329,57 +329,91 @@ def test_call_grammars_parse_in_llama_cpp(spec, gbnf_check):
     (ChatSpec(F["gemma4"]), "Say <|tool_call>call:", True),
 ])
 def test_a_lazy_grammar_starts_at_the_formats_opening(spec, answer, triggers):
+    """llama.cpp tries the pattern on the answer as it grows, token by token (here: character by character)."""
+    (pattern,) = call_grammar(spec, TOOLS, forced=False).triggers
+    assert any(re.search(pattern, answer[:n]) for n in range(len(answer) + 1)) == triggers
+
+
+@pytest.mark.parametrize("spec, answer, triggers", [
+    (ChatSpec(F["qwen3-coder"]), "Say <function=get_w", True),
+    (ChatSpec(F["qwen3-coder"]), "Say <function=add", False),
+    (ChatSpec(F["qwen3-coder"]), "Say <tool_call>\n<func", True),
+    (ChatSpec(F["qwen3-coder"]), "Say <tool_call>\n\n", False),
+])
+def test_a_lazy_grammar_starts_only_where_the_rest_of_the_token_can_start_a_call(spec, answer, triggers):
+    """The answer so far ends in a token that completes the opening and goes on: the pattern matches only
+    if what follows the opening is the start of a call of an offered function as the grammar takes it."""
     (pattern,) = call_grammar(spec, TOOLS, forced=False).triggers
     assert bool(re.search(pattern, answer)) == triggers
 
 
 LAZY_ACCEPT = """
-import ctypes, sys
+import ctypes, json, sys
 import llama_cpp
-from app.chat.grammar import call_grammar
 from app.chat import formats
 from app.chat.detect import REASONING
+from app.chat.grammar import call_grammar
 from app.chat.spec import ChatSpec
 from app.engine.sampling import grammar_sampler
 
+path, name, parallel, words, *answers = sys.argv[1:]
+words = json.loads(words)  # the vocabulary's own tokens (ids 300 on); any other text: a token a byte
 llama_cpp.llama_backend_init()
 params = llama_cpp.llama_model_default_params()
 params.vocab_only = True
-model = llama_cpp.llama_model_load_from_file(sys.argv[1].encode(), params)
+model = llama_cpp.llama_model_load_from_file(path.encode(), params)
 vocab = llama_cpp.llama_model_get_vocab(model)
+n = llama_cpp.llama_vocab_n_tokens(vocab)
 tool = {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}
-g = call_grammar(ChatSpec(formats.BY_NAME["qwen3-coder"], REASONING[0]), [tool], forced=False)
-for pieces in sys.argv[2:]:
+g = call_grammar(ChatSpec(formats.BY_NAME[name], REASONING[0]), [tool], forced=False, parallel=parallel == "1")
+for answer in answers:
     sampler = grammar_sampler(vocab, g.gbnf, g.triggers)
-    for piece in pieces.split("|"):
-        ids = [300] if piece == "=add" else [301] if piece == "=get" else [302] if piece == "<function" else \
-            [3 + b for b in piece.encode()]
-        for t in ids:
+    for piece in json.loads(answer):
+        for t in [300 + words.index(piece)] if piece in words else [3 + b for b in piece.encode()]:
             llama_cpp.llama_sampler_accept(sampler, t)
+    data = (llama_cpp.llama_token_data * n)(*[llama_cpp.llama_token_data(i, 0.0, 0.0) for i in range(n)])
+    llama_cpp.llama_sampler_apply(sampler, ctypes.byref(llama_cpp.llama_token_data_array(data, n, -1, False)))
+    free = all(data[i].logit != float("-inf") for i in range(n))  # the grammar not (yet) triggered
     llama_cpp.llama_sampler_free(sampler)
-    print("accepted", repr(pieces), flush=True)
+    print("accepted", "free" if free else "constrained", answer, flush=True)
 """
 
+# (format, parallel calls, the vocabulary's own tokens, an answer whose call triggers the grammar (and
+# the grammar takes it), an answer with a token that completes the opening and goes on with text the
+# grammar cannot take)
+LAZY_CASES = [
+    ("qwen3-coder", True, ["=add", "=get", "<function"],
+     ["Sure ", "<function", "=get", "_weather>\n<parameter=city>\nOslo\n</parameter>\n</function>"],
+     ["Sure ", "<function", "=add", ">\n</function>\nDone."]),
+    ("qwen3-coder", True, ["<tool_call", ">\n", ">\n\n"],
+     ["Sure ", "<tool_call", ">\n", "<function=get_weather>\n<parameter=city>\nOslo\n</parameter>\n</function>\n</tool_call>"],
+     ["Sure ", "<tool_call", ">\n\n", "Done."]),
+]
+LAZY_IDS = ["qwen3-coder-function", "qwen3-coder-tool-call"]
 
-def test_a_lazy_grammar_survives_a_token_that_completes_an_opening_and_goes_on(tmp_path):
-    """`<function=` is no special token: the model's token `=add` completes it and names a function not
-    offered. llama.cpp feeds a lazy grammar, once triggered, the text from the opening on and aborts the
-    process (an uncaught C++ exception) if the grammar cannot take it: the trigger must not fire
-    there (the call stays text); `=get` (an offered function's start) triggers as before."""
+
+@pytest.mark.parametrize("name, parallel, words, call, text", LAZY_CASES, ids=LAZY_IDS)
+def test_a_lazy_grammar_survives_a_token_that_completes_an_opening_and_goes_on(tmp_path, name, parallel, words,
+                                                                               call, text):
+    """An opening that is no special token (`<function=`; `<tool_call>`, `[TOOL_CALLS]`... where a
+    vocabulary has no such token) may be completed by a token that goes on (`=add`, `>\n\n`, `].`).
+    llama.cpp feeds a lazy grammar, once triggered, the text from the opening on and aborts the process
+    (an uncaught C++ exception) if the grammar cannot take it: the trigger must not fire there (the text
+    stays text); a call of an offered function, its first token going on as the grammar takes it,
+    triggers (the grammar constrains what follows) as before."""
     import subprocess
     import sys
 
     from support.tinymodels import tiny_vocab, write_tiny_model
 
     tokens = list(tiny_vocab()[0])
-    tokens[300:303] = ["=add", "=get", "<function"]
+    tokens[300:300 + len(words)] = words
     vocab = write_tiny_model(tmp_path / "vocab.gguf", n_layers=1, tokens=tokens)
-    ok = "Sure |<function|=get|_weather>\n<parameter=city>\nOslo\n</parameter>\n</function>"
-    bad = "Sure |<function|=add|>\n</function>\nDone."
-    r = subprocess.run([sys.executable, "-c", LAZY_ACCEPT, str(vocab), ok, bad], capture_output=True, text=True,
-                       cwd=Path(__file__).resolve().parents[1], timeout=120)
+    r = subprocess.run([sys.executable, "-c", LAZY_ACCEPT, str(vocab), name, "1" if parallel else "0", json.dumps(words),
+                        json.dumps(call), json.dumps(text)],
+                       capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1], timeout=120)
     assert r.returncode == 0, (r.returncode, r.stdout, r.stderr[-2000:])
-    assert r.stdout.count("accepted") == 2, r.stdout
+    assert r.stdout.splitlines() == [f"accepted constrained {json.dumps(call)}", f"accepted free {json.dumps(text)}"]
 
 
 def test_a_stray_closing_marker_never_reaches_the_content():

@@ -63,19 +63,38 @@ class ToolFormat:
         """Messages for a template that does not render tools itself (the generic format): as they are here."""
         return messages
 
-    def trigger(self, opening: str, tools: list[dict]) -> str:
+    def trigger(self, opening: str, tools: list[dict], parallel: bool = True) -> str:
         """The lazy grammar's trigger pattern for one of the openings. llama.cpp, once a pattern matches,
         feeds the grammar the text from the opening on, the rest of the token that completed it
-        included, and aborts the process if the grammar cannot take it: an opening that is not a
-        special token may need what follows it checked too (see Qwen3Coder)."""
-        return re.escape(opening)
+        included, and aborts the process (an uncaught C++ exception) if the grammar cannot take it.
+        An opening need not be one special token (a model may write it as text, `]` `].` completing
+        `[TOOL_CALLS`): the pattern matches only while what follows the opening is the start of what the
+        grammar takes there (`after_opening`), so a malformed call, or one of a function not offered,
+        stays text."""
+        after = self.after_opening(opening, tools, parallel)
+        if after is None:
+            return re.escape(opening)
+        return re.escape(opening) + "(?=" + prefix_pattern(after) + END + ")"
+
+    def after_opening(self, opening: str, tools: list[dict], parallel: bool) -> list[str] | None:
+        """What the call grammar takes right after `opening`, as far as it is the same text in every call
+        of a tool (its name and what is fixed after it): the texts, SPACE where the grammar has an
+        optional space; None: anything (no check)."""
+        return None
+
+
+SPACE = "\x00"  # in prefix_pattern's texts: the JSON grammar's `space` (one space or none)
+END = "(?![\\s\\S])"  # the end of the text, in std::regex as in Python (whose $ also matches before a last new line)
 
 
 def prefix_pattern(texts: list[str]) -> str:
-    """A regex for any prefix (the empty one too) of one of `texts`."""
+    """A regex for any prefix (the empty one too) of one of `texts` (SPACE: an optional space)."""
     def one(text: str) -> str:
         out = ""
         for ch in reversed(text):
+            if ch == SPACE:
+                out = f"(?: ?{out})"  # "", " ", " " and more, or the more alone
+                continue
             esc = "\\n" if ch == "\n" else re.escape(ch)  # a new line as \n, which std::regex reads
             out = f"(?:{esc}{out})?"
         return out
@@ -161,6 +180,12 @@ def json_calls(blob: str, tools: Tools, name_keys=("name",), args_keys=("argumen
             return None
         calls.append(Call(name, args))
     return calls or None
+
+
+def json_call_start(tool: dict, name_key: str = "name", args_key: str = "arguments") -> str:
+    """The start of `json_call_rule`'s text, up to its arguments (SPACE where the rule has `space`)."""
+    return (f"{{{SPACE}{json.dumps(name_key)}{SPACE}:{SPACE}{json.dumps(tool['name'])}{SPACE},{SPACE}"
+            f"{json.dumps(args_key)}{SPACE}:{SPACE}")
 
 
 def json_call_rule(g: Grammar, tool: dict, name_key: str = "name", args_key: str = "arguments") -> str:

@@ -42,7 +42,7 @@ def call_grammar(spec: ChatSpec, tools: list[dict], forced: bool, parallel: bool
             gap = "\\s*"
             if r is not None and not started:
                 lead = "^(?:\\s*" + re.escape(r.opening) + "[\\s\\S]*?" + re.escape(r.closing) + ")?"
-        opening = "|".join(fmt.trigger(o, tools) for o in (fmt.opening, *fmt.openings))
+        opening = "|".join(fmt.trigger(o, tools, parallel) for o in (fmt.opening, *fmt.openings))
         root = calls if fmt.whole_answer else f"{calls} {g.rule('after-calls', AFTER_CALLS)}"
         return CallGrammar(g.text(root), (lead + gap + "(" + opening + ")[\\s\\S]*$",))
     if r is None:

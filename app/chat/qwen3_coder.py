@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import re
 
-from app.chat.format import Call, Scan, ToolFormat, Tools, prefix_pattern, rule_name, scan_kinds
+from app.chat.format import Call, Scan, ToolFormat, Tools, rule_name, scan_kinds
 from app.chat.gbnf import Grammar, literal, until
 from app.chat.types import convert_arguments, declared_types, parameters
 
@@ -60,13 +60,13 @@ class Qwen3Coder(ToolFormat):
             return None
         return [Call(name, convert_arguments(args, tools[name]))]
 
-    def trigger(self, opening: str, tools: list[dict]) -> str:
+    def after_opening(self, opening: str, tools: list[dict], parallel: bool) -> list[str]:
         """`<function=` is no special token: a token may complete it and go on (`=add`). The lazy grammar
         starts there only while what follows is the start of an offered function's `NAME>` (llama.cpp
-        aborts on text the grammar cannot take: a call of another function stays text)."""
-        if opening != "<function=":
-            return super().trigger(opening, tools)
-        return re.escape(opening) + "(?=" + prefix_pattern([f"{t['name']}>\n" for t in tools]) + "$)"
+        aborts on text the grammar cannot take: a call of another function stays text). Likewise after
+        `<tool_call>`, where a vocabulary has no such token (`>` `>\n\n` completing `<tool_call`)."""
+        head = "" if opening == "<function=" else "\n<function="
+        return [f"{head}{t['name']}>\n" for t in tools]
 
     def call_rule(self, g: Grammar, tool: dict) -> str:
         schema = tool.get("parameters") if isinstance(tool.get("parameters"), dict) else {}
