@@ -339,6 +339,10 @@ def test_a_lazy_grammar_starts_at_the_formats_opening(spec, answer, triggers):
     (ChatSpec(F["qwen3-coder"]), "Say <function=add", False),
     (ChatSpec(F["qwen3-coder"]), "Say <tool_call>\n<func", True),
     (ChatSpec(F["qwen3-coder"]), "Say <tool_call>\n\n", False),
+    (ChatSpec(F["hermes"]), 'Say <tool_call>\n{"name":"sea', True),
+    (ChatSpec(F["hermes"]), 'Say <tool_call>\n{ "name" : "ping" , "arguments" : ', True),
+    (ChatSpec(F["hermes"]), "Say <tool_call>s", False),
+    (ChatSpec(F["hermes"]), 'Say <tool_call>\n{"name": "add"', False),
 ])
 def test_a_lazy_grammar_starts_only_where_the_rest_of_the_token_can_start_a_call(spec, answer, triggers):
     """The answer so far ends in a token that completes the opening and goes on: the pattern matches only
@@ -388,8 +392,11 @@ LAZY_CASES = [
     ("qwen3-coder", True, ["<tool_call", ">\n", ">\n\n"],
      ["Sure ", "<tool_call", ">\n", "<function=get_weather>\n<parameter=city>\nOslo\n</parameter>\n</function>\n</tool_call>"],
      ["Sure ", "<tool_call", ">\n\n", "Done."]),
+    ("hermes", True, ["<tool_call", ">\n", ">\n\n"],
+     ["Sure ", "<tool_call", ">\n", '{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>'],
+     ["Sure ", "<tool_call", ">\n\n", "Done."]),
 ]
-LAZY_IDS = ["qwen3-coder-function", "qwen3-coder-tool-call"]
+LAZY_IDS = ["qwen3-coder-function", "qwen3-coder-tool-call", "hermes"]
 
 
 @pytest.mark.parametrize("name, parallel, words, call, text", LAZY_CASES, ids=LAZY_IDS)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 
-from app.chat.format import Scan, ToolFormat, Tools, json_call_rule, json_calls, rule_name, scan_blocks
+from app.chat.format import Scan, ToolFormat, Tools, json_call_rule, json_call_start, json_calls, rule_name, scan_blocks
 from app.chat.gbnf import Grammar
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
@@ -40,6 +40,10 @@ class Hermes(ToolFormat):
             if calls:
                 return Scan("", calls)
         return found
+
+    def after_opening(self, opening: str, tools: list[dict], parallel: bool) -> list[str]:
+        """Where `<tool_call>` is no token of the vocabulary, a token may complete it and go on (`>\n\n`)."""
+        return ["\n" + json_call_start(t) for t in tools]
 
     def call_rule(self, g: Grammar, tool: dict) -> str:
         return f'"{OPEN}\\n" {g.rule("json-" + rule_name(tool["name"]), json_call_rule(g, tool))} "\\n{CLOSE}"'
