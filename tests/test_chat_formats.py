@@ -343,12 +343,23 @@ def test_a_lazy_grammar_starts_at_the_formats_opening(spec, answer, triggers):
     (ChatSpec(F["hermes"]), 'Say <tool_call>\n{ "name" : "ping" , "arguments" : ', True),
     (ChatSpec(F["hermes"]), "Say <tool_call>s", False),
     (ChatSpec(F["hermes"]), 'Say <tool_call>\n{"name": "add"', False),
+    (ChatSpec(F["llama3"]), '{"name": "search"', True),
+    (ChatSpec(F["llama3"]), '{"name",', False),
+    (ChatSpec(F["llama3"]), '{"name":  "', False),  # two spaces: the grammar's `space` is one or none
+    (ChatSpec(Generic()), '{"tool_calls": [{"', True),
+    (ChatSpec(Generic()), '{"tool_call_id"', False),
 ])
 def test_a_lazy_grammar_starts_only_where_the_rest_of_the_token_can_start_a_call(spec, answer, triggers):
     """The answer so far ends in a token that completes the opening and goes on: the pattern matches only
     if what follows the opening is the start of a call of an offered function as the grammar takes it."""
     (pattern,) = call_grammar(spec, TOOLS, forced=False).triggers
     assert bool(re.search(pattern, answer)) == triggers
+
+
+def test_generic_tool_calls_start_a_lazy_grammar_only_where_calls_may_be_parallel():
+    one, several = (call_grammar(ChatSpec(Generic()), TOOLS, forced=False, parallel=p).triggers[0] for p in (False, True))
+    assert re.search(several, '{"tool_calls') and not re.search(one, '{"tool_calls')
+    assert re.search(one, '{"tool_call"') and re.search(several, '{"tool_call"')
 
 
 LAZY_ACCEPT = """
@@ -395,8 +406,17 @@ LAZY_CASES = [
     ("hermes", True, ["<tool_call", ">\n", ">\n\n"],
      ["Sure ", "<tool_call", ">\n", '{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>'],
      ["Sure ", "<tool_call", ">\n\n", "Done."]),
+    ("llama3", True, ['{"name', '":', '":{'],
+     ['{"name', '":', ' "get_weather", "parameters": {"city": "Oslo"}}'],
+     ['{"name', '":{', '"first": "Ada"}}']),
+    ("generic", False, ['{"tool', '_call":', "_calls"],
+     ['{"tool', '_call":', ' {"name": "get_weather", "arguments": {"city": "Oslo"}}}'],
+     ['{"tool', "_calls", '": [{"name": "get_weather", "arguments": {}}]}']),
+    ("generic", True, ['{"tool', "_calls", "_call_"],
+     ['{"tool', "_calls", '": [{"name": "get_weather", "arguments": {}}]}'],
+     ['{"tool', "_call_", 'id": "a1"}']),
 ]
-LAZY_IDS = ["qwen3-coder-function", "qwen3-coder-tool-call", "hermes"]
+LAZY_IDS = ["qwen3-coder-function", "qwen3-coder-tool-call", "hermes", "llama3", "generic", "generic-parallel"]
 
 
 @pytest.mark.parametrize("name, parallel, words, call, text", LAZY_CASES, ids=LAZY_IDS)

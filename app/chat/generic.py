@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import re
 
-from app.chat.format import Scan, ToolFormat, Tools, json_call_rule, json_calls, rule_name
+from app.chat.format import SPACE, Scan, ToolFormat, Tools, json_call_rule, json_call_start, json_calls, rule_name
 from app.chat.gbnf import Grammar
 
 _FENCED = re.compile(r"\A\s*```(?:json)?\s*(.*?)\s*```\s*\Z", re.S)
@@ -113,6 +113,13 @@ class Generic(ToolFormat):
                 response = obj["response"]
                 return Scan(response if isinstance(response, str) else json.dumps(response, ensure_ascii=False))
         return Scan(text)
+
+    def after_opening(self, opening: str, tools: list[dict], parallel: bool) -> list[str]:
+        """`{"tool_call` is no special token: a token may complete it and go on (`_calls` where calls
+        are not parallel, `_call_id`)."""
+        one = [f'"{SPACE}:{SPACE}' + json_call_start(t) for t in tools]
+        several = [f's"{SPACE}:{SPACE}[{SPACE}' + json_call_start(t) for t in tools] if parallel else []
+        return one + several
 
     def call_rule(self, g: Grammar, tool: dict) -> str:
         return self._tool_call(self._call(g, tool))

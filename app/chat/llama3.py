@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import re
 
-from app.chat.format import Call, Scan, ToolFormat, Tools, held_prefix, json_call_rule, json_calls, rule_name
+from app.chat.format import SPACE, Call, Scan, ToolFormat, Tools, held_prefix, json_call_rule, json_call_start, json_calls, rule_name
 from app.chat.gbnf import Grammar
 
 PYTHON_TAG = "<|python_tag|>"
@@ -55,6 +55,11 @@ class Llama3(ToolFormat):
             return Scan(head)
         calls = json_objects(body, tools)
         return Scan(head, calls) if calls else Scan(text)
+
+    def after_opening(self, opening: str, tools: list[dict], parallel: bool) -> list[str]:
+        """`{"name"` is no special token: a token may complete it and go on (`":{`, `",`)."""
+        head = "{" + SPACE + '"name"'
+        return [json_call_start(t, args_key="parameters")[len(head):] for t in tools]
 
     def call_rule(self, g: Grammar, tool: dict) -> str:
         return g.rule("json-" + rule_name(tool["name"]), json_call_rule(g, tool, args_key="parameters"))
