@@ -348,6 +348,12 @@ def test_a_lazy_grammar_starts_at_the_formats_opening(spec, answer, triggers):
     (ChatSpec(F["llama3"]), '{"name":  "', False),  # two spaces: the grammar's `space` is one or none
     (ChatSpec(Generic()), '{"tool_calls": [{"', True),
     (ChatSpec(Generic()), '{"tool_call_id"', False),
+    (ChatSpec(F["mistral"]), "Say [TOOL_CALLS]search[AR", True),
+    (ChatSpec(F["mistral"]), "Say [TOOL_CALLS].", False),
+    (ChatSpec(F["mistral-call-id"]), "Say [TOOL_CALLS]ping[CALL_ID]", True),
+    (ChatSpec(F["mistral-call-id"]), "Say [TOOL_CALLS]ping[ARGS]", False),
+    (ChatSpec(F["mistral-nemo"]), 'Say [TOOL_CALLS][{"name": "ping", "arg', True),
+    (ChatSpec(F["mistral-nemo"]), "Say [TOOL_CALLS]ping", False),
 ])
 def test_a_lazy_grammar_starts_only_where_the_rest_of_the_token_can_start_a_call(spec, answer, triggers):
     """The answer so far ends in a token that completes the opening and goes on: the pattern matches only
@@ -415,8 +421,18 @@ LAZY_CASES = [
     ("generic", True, ['{"tool', "_calls", "_call_"],
      ['{"tool', "_calls", '": [{"name": "get_weather", "arguments": {}}]}'],
      ['{"tool', "_call_", 'id": "a1"}']),
+    ("mistral", True, ["[TOOL_CALLS", "]get", "]."],
+     ["Sure ", "[TOOL_CALLS", "]get", '_weather[ARGS]{"city": "Oslo"}'],
+     ["Use ", "[TOOL_CALLS", "].", " Done."]),
+    ("mistral-call-id", True, ["[TOOL_CALLS", "]get", "]."],
+     ["Sure ", "[TOOL_CALLS", "]get", '_weather[CALL_ID]a1b2c3d4e[ARGS]{"city": "Oslo"}'],
+     ["Use ", "[TOOL_CALLS", "].", " Done."]),
+    ("mistral-nemo", True, ["[TOOL_CALLS", '][{"', "]."],
+     ["Sure ", "[TOOL_CALLS", '][{"', 'name": "get_weather", "arguments": {"city": "Oslo"}}]'],
+     ["Use ", "[TOOL_CALLS", "].", " Done."]),
 ]
-LAZY_IDS = ["qwen3-coder-function", "qwen3-coder-tool-call", "hermes", "llama3", "generic", "generic-parallel"]
+LAZY_IDS = ["qwen3-coder-function", "qwen3-coder-tool-call", "hermes", "llama3", "generic", "generic-parallel",
+            "mistral", "mistral-call-id", "mistral-nemo"]
 
 
 @pytest.mark.parametrize("name, parallel, words, call, text", LAZY_CASES, ids=LAZY_IDS)

@@ -13,7 +13,7 @@ import json
 import re
 from collections.abc import Callable
 
-from app.chat.format import Call, Scan, ToolFormat, Tools, held_prefix, json_calls, rule_name
+from app.chat.format import Call, Scan, ToolFormat, Tools, held_prefix, json_call_start, json_calls, rule_name
 from app.chat.gbnf import Grammar, literal
 
 OPEN, ARGS, CALL_ID = "[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"
@@ -69,6 +69,10 @@ class MistralNemo(ToolFormat):
 
         return scan_calls(text, final, parse)
 
+    def after_opening(self, opening: str, tools: list[dict], parallel: bool) -> list[str]:
+        """`[TOOL_CALLS]` written as text: a token may complete it and go on (`].`)."""
+        return ["[" + json_call_start(t) for t in tools]
+
     def _item(self, g: Grammar, tool: dict) -> str:
         args = g.schema(tool.get("parameters") or {"type": "object"}, f"args-{rule_name(tool['name'])}")
         call_id = g.rule("call-id", f'"\\"" {_ID} "\\""')
@@ -109,6 +113,10 @@ class Mistral(ToolFormat):
             return ([Call(m.group(1), args)], segment[end:]) if isinstance(args, dict) else None
 
         return scan_calls(text, final, parse)
+
+    def after_opening(self, opening: str, tools: list[dict], parallel: bool) -> list[str]:
+        """`[TOOL_CALLS]` written as text: a token may complete it and go on (`].`)."""
+        return [t["name"] + (CALL_ID if self.call_ids else ARGS) for t in tools]
 
     def call_rule(self, g: Grammar, tool: dict) -> str:
         args = g.schema(tool.get("parameters") or {"type": "object"}, f"args-{rule_name(tool['name'])}")
