@@ -354,6 +354,8 @@ def test_a_lazy_grammar_starts_at_the_formats_opening(spec, answer, triggers):
     (ChatSpec(F["mistral-call-id"]), "Say [TOOL_CALLS]ping[ARGS]", False),
     (ChatSpec(F["mistral-nemo"]), 'Say [TOOL_CALLS][{"name": "ping", "arg', True),
     (ChatSpec(F["mistral-nemo"]), "Say [TOOL_CALLS]ping", False),
+    (ChatSpec(F["gemma4"]), "Say <|tool_call>call:ping{", True),
+    (ChatSpec(F["gemma4"]), "Say <|tool_call>\n", False),
 ])
 def test_a_lazy_grammar_starts_only_where_the_rest_of_the_token_can_start_a_call(spec, answer, triggers):
     """The answer so far ends in a token that completes the opening and goes on: the pattern matches only
@@ -430,9 +432,12 @@ LAZY_CASES = [
     ("mistral-nemo", True, ["[TOOL_CALLS", '][{"', "]."],
      ["Sure ", "[TOOL_CALLS", '][{"', 'name": "get_weather", "arguments": {"city": "Oslo"}}]'],
      ["Use ", "[TOOL_CALLS", "].", " Done."]),
+    ("gemma4", True, ["<|tool_call", ">call", ">\n"],
+     ["Sure ", "<|tool_call", ">call", ':get_weather{city:<|"|>Oslo<|"|>}<tool_call|>'],
+     ["Sure ", "<|tool_call", ">\n", "Done."]),
 ]
-LAZY_IDS = ["qwen3-coder-function", "qwen3-coder-tool-call", "hermes", "llama3", "generic", "generic-parallel",
-            "mistral", "mistral-call-id", "mistral-nemo"]
+LAZY_IDS = ["qwen3-coder-function", "qwen3-coder-tool-call", "hermes", "llama3", "generic", "generic-parallel", "mistral",
+            "mistral-call-id", "mistral-nemo", "gemma4"]
 
 
 @pytest.mark.parametrize("name, parallel, words, call, text", LAZY_CASES, ids=LAZY_IDS)

@@ -122,6 +122,10 @@ class Gemma4(ToolFormat):
     def scan(self, text: str, tools: Tools, final: bool) -> Scan:
         return scan_blocks(text, OPEN, CLOSE, lambda block: parse_call(block, tools), final)
 
+    def after_opening(self, opening: str, tools: list[dict], parallel: bool) -> list[str]:
+        """`<|tool_call>` written as text: a token may complete it and go on (`>\n`)."""
+        return [f"call:{t['name']}{{" for t in tools]
+
     def _values(self, g: Grammar) -> dict[str, str]:
         """Rules for Gemma 4's own values (any of them, strings, objects)."""
         q = literal(QUOTE)
