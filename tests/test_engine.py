@@ -483,3 +483,17 @@ def test_the_draft_models_cache_follows_a_growing_history(tiny):
         dc.seq_rm(1, 0, -1)
         kept = int(rng.integers(0, len(draft.tokens) + 1))  # part of the draft kept, then the target's own token
         history += draft.tokens[:kept] + [int(rng.integers(260, 300))]
+
+
+def test_a_next_turn_that_keeps_most_of_the_cache_saves_no_copy(tiny):
+    """As llama-server: a prompt that keeps at least half of what the slot holds (the same
+    conversation's next turn, dropping the last answer's tail) saves no copy of the whole cache to
+    host memory; one that keeps less (another conversation) does."""
+    tc = Context(Model(tiny.target), params(1024, 1), 1)
+    eng = Engine(tc, None, 1, saved_bytes=SAVED)
+    prompt = [1] + [260 + (i * 3) % 50 for i in range(300)]
+    run(eng, Request(prompt=prompt, max_tokens=40, speculative=SpecParams(enabled=False)))
+    run(eng, Request(prompt=prompt[:-2] + [270] * 30, max_tokens=4, speculative=SpecParams(enabled=False)))
+    assert len(eng.cache.saved) == 0 and eng.slots[0].record.reused_tokens == len(prompt) - 2
+    run(eng, Request(prompt=prompt[:100] + [280] * 30, max_tokens=4, speculative=SpecParams(enabled=False)))
+    assert len(eng.cache.saved) == 1 and eng.slots[0].record.reused_tokens == 100

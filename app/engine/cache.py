@@ -127,9 +127,12 @@ class PromptCache:
 
     def _save(self, slot: Slot, prompt: list[int]) -> None:
         """Before this prompt replaces what the slot's cache holds (all of it but the common prefix),
-        keep a copy in host memory, unless another slot or a saved copy holds it already."""
+        keep a copy in host memory, unless another slot or a saved copy holds it already, or the
+        prompt keeps at least half of it (as llama-server: the same conversation's next turn, which
+        drops only the last answer's tail; a copy of the whole cache each turn is gigabytes on a 27B)."""
         n = len(slot.cached)
-        if not self.saved.max_bytes or n - kv.common_prefix(slot.cached, prompt) < self.BORROW_MIN:
+        keep = kv.common_prefix(slot.cached, prompt)
+        if not self.saved.max_bytes or n - keep < self.BORROW_MIN or 2 * keep >= n:
             return
         if self.target.shares_cells and any(s is not slot and s.owner == slot.owner
                                             and kv.common_prefix(s.cached, slot.cached) == n for s in self.slots):
