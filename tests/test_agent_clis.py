@@ -115,7 +115,7 @@ def _flagship(real_pair, temp: float) -> str:
     """The CPU pair with Qwen3.6's chat format (the Qwen3.5 template), thinking off."""
     template = templates_dir() / "Qwen3.5-4B.jinja"
     return (f'--target "{real_pair.target}" --draft "{real_pair.draft}" --ctx 16384 --chat-template-file "{template}" '
-            f"--reasoning-budget 0 --temp {temp} --max-tokens 1024")
+            f"--reasoning-budget 0 --temp {temp} --max-tokens 384")
 
 
 @pytest.fixture
