@@ -15,6 +15,7 @@ import httpx
 import pytest
 from conftest import run_cli
 from support.live import LiveServer, Serve, free_port
+from support.streams import ndjson, sse
 from support.templates import templates_dir
 
 from app.chat.spec import NOT_PARSED
@@ -181,18 +182,6 @@ def thinker(tiny):
     s.close()
 
 
-def _sse(client: httpx.Client, path: str, body: dict) -> list[dict]:
-    with client.stream("POST", path, json={**body, "stream": True}) as r:
-        assert r.status_code == 200, r.read()
-        return [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: ") and line != "data: [DONE]"]
-
-
-def _ndjson(client: httpx.Client, path: str, body: dict) -> list[dict]:
-    with client.stream("POST", path, json={**body, "stream": True}) as r:
-        assert r.status_code == 200, r.read()
-        return [json.loads(line) for line in r.iter_lines() if line.strip()]
-
-
 def test_anthropic_adaptive_thinking_turns_the_templates_thinking_on(thinker):
     def count(thinking: dict | None) -> int:
         body = {"model": "x", "messages": Q, **({"thinking": thinking} if thinking else {})}
@@ -216,7 +205,7 @@ def test_reasoning_streams_apart_and_an_answer_cut_inside_it_is_all_reasoning(th
     whole = thinker.post("/v1/chat/completions", json=body).json()["choices"][0]
     thought = whole["message"].get("reasoning_content")
     assert thought and whole["message"]["content"] == "" and whole["finish_reason"] == "length", whole
-    chunks = _sse(thinker, "/v1/chat/completions", body)
+    chunks = sse(thinker, "/v1/chat/completions", body)
     deltas = [ch["choices"][0]["delta"] for ch in chunks]
     assert "".join(d.get("reasoning_content") or "" for d in deltas) == thought
     assert "".join(d.get("content") or "" for d in deltas) == ""
@@ -226,7 +215,7 @@ def test_reasoning_streams_apart_and_an_answer_cut_inside_it_is_all_reasoning(th
     whole = thinker.post("/v1/messages", json=body).json()
     assert whole["content"] == [{"type": "thinking", "thinking": thought, "signature": ""}], whole
     assert whole["stop_reason"] == "max_tokens"
-    events = _sse(thinker, "/v1/messages", body)
+    events = sse(thinker, "/v1/messages", body)
     assert [e["content_block"]["type"] for e in events if e["type"] == "content_block_start"] == ["thinking"]
     block = [e["delta"] for e in events if e["type"] == "content_block_delta"]
     assert {d["type"] for d in block} == {"thinking_delta", "signature_delta"}, block
@@ -238,7 +227,7 @@ def test_reasoning_streams_apart_and_an_answer_cut_inside_it_is_all_reasoning(th
     assert [(i["type"], i["content"]) for i in whole["output"]] == [("reasoning", [{"type": "reasoning_text", "text": thought}])]
     assert whole["status"] == "incomplete" and whole["incomplete_details"] == {"reason": "max_output_tokens"}
     assert whole["output_text"] == ""
-    events = _sse(thinker, "/v1/responses", body)
+    events = sse(thinker, "/v1/responses", body)
     assert [e["item"]["type"] for e in events if e["type"] == "response.output_item.added"] == ["reasoning"]
     assert "".join(e["delta"] for e in events if e["type"] == "response.reasoning_text.delta") == thought
     assert [e["text"] for e in events if e["type"] == "response.reasoning_text.done"] == [thought]
@@ -253,7 +242,7 @@ def test_reasoning_streams_apart_and_an_answer_cut_inside_it_is_all_reasoning(th
     whole = thinker.post("/api/chat", json={**body, "stream": False}).json()
     assert whole["message"]["thinking"] == thought and whole["message"]["content"] == ""
     assert whole["done_reason"] == "length"
-    lines = _ndjson(thinker, "/api/chat", body)
+    lines = ndjson(thinker, "/api/chat", body)
     assert "".join(ln["message"].get("thinking", "") for ln in lines) == thought
     assert any(ln["message"].get("thinking") for ln in lines[:-1])  # streamed as it came, not only at the end
     assert "".join(ln["message"]["content"] for ln in lines) == ""
@@ -273,7 +262,7 @@ def test_reasoning_format_none_returns_the_raw_think_text_in_content(flagship, t
     flagship_c = httpx.Client(base_url=flagship.url, timeout=60)
     raw = flagship_c.post("/v1/chat/completions", json=body).json()["choices"][0]
     assert raw["message"]["content"] == RAW and "reasoning_content" not in raw["message"], raw
-    deltas = [ch["choices"][0]["delta"] for ch in _sse(flagship_c, "/v1/chat/completions", body)]
+    deltas = [ch["choices"][0]["delta"] for ch in sse(flagship_c, "/v1/chat/completions", body)]
     assert "".join(d.get("content") or "" for d in deltas) == RAW
     assert not any(d.get("reasoning_content") for d in deltas)
     apart = thinker.post("/v1/chat/completions", json=body).json()["choices"][0]["message"]  # the default: apart
@@ -304,7 +293,7 @@ def test_a_malformed_call_from_the_model_comes_back_as_text(thinker, text):
     choice = r.json()["choices"][0]
     assert choice["message"]["content"] == text and not choice["message"].get("tool_calls"), choice
     assert choice["finish_reason"] == "stop"
-    chunks = _sse(thinker, "/v1/chat/completions", body)
+    chunks = sse(thinker, "/v1/chat/completions", body)
     deltas = [ch["choices"][0]["delta"] for ch in chunks if "error" not in ch]
     assert len(deltas) == len(chunks) and "".join(d.get("content") or "" for d in deltas) == text
     assert not any(d.get("tool_calls") for d in deltas) and chunks[-1]["choices"][0]["finish_reason"] == "stop"

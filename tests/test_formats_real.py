@@ -10,6 +10,7 @@ import json
 import httpx
 import pytest
 from support.live import Serve, free_port
+from support.streams import ndjson, sse
 from support.templates import templates_dir
 
 pytestmark = pytest.mark.real
@@ -33,18 +34,6 @@ def server(real_pair):
         s.stop()
 
 
-def _sse(client: httpx.Client, path: str, body: dict) -> list[dict]:
-    with client.stream("POST", path, json={**body, "stream": True}) as r:
-        assert r.status_code == 200, r.read()
-        return [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: ") and line != "data: [DONE]"]
-
-
-def _ndjson(client: httpx.Client, path: str, body: dict) -> list[dict]:
-    with client.stream("POST", path, json={**body, "stream": True}) as r:
-        assert r.status_code == 200, r.read()
-        return [json.loads(line) for line in r.iter_lines() if line.strip()]
-
-
 def test_the_format_is_found_from_the_template_and_shown(server):
     client, s = server
     props = client.get("/props").json()
@@ -61,7 +50,7 @@ def test_openai_forced_call_parsed_and_typed(server):
     call = whole["message"]["tool_calls"][0]["function"]
     assert whole["finish_reason"] == "tool_calls" and call["name"] == "get_weather"
     assert json.loads(call["arguments"]) == WANT
-    chunks = _sse(client, "/v1/chat/completions", body)
+    chunks = sse(client, "/v1/chat/completions", body)
     calls = [tc for ch in chunks for tc in ch["choices"][0]["delta"].get("tool_calls", [])] if chunks else []
     assert [json.loads(tc["function"]["arguments"]) for tc in calls] == [WANT]
     assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
@@ -87,7 +76,7 @@ def test_anthropic_forced_call_parsed_and_typed(server):
     whole = client.post("/v1/messages", json=body).json()
     assert whole["stop_reason"] == "tool_use"
     assert [b["input"] for b in whole["content"] if b["type"] == "tool_use"] == [WANT]
-    events = _sse(client, "/v1/messages", body)
+    events = sse(client, "/v1/messages", body)
     parts = [e["delta"]["partial_json"] for e in events if e["type"] == "content_block_delta"
              and e["delta"]["type"] == "input_json_delta"]
     assert [json.loads(p) for p in parts] == [WANT]
@@ -122,7 +111,7 @@ def test_responses_forced_call_parsed_and_typed(server):
             "reasoning": {"effort": "none"}, "temperature": 0, "parallel_tool_calls": False}
     whole = client.post("/v1/responses", json=body).json()
     assert [json.loads(i["arguments"]) for i in whole["output"] if i["type"] == "function_call"] == [WANT]
-    events = _sse(client, "/v1/responses", body)
+    events = sse(client, "/v1/responses", body)
     done = [e["arguments"] for e in events if e["type"] == "response.function_call_arguments.done"]
     assert [json.loads(a) for a in done] == [WANT] and events[-1]["type"] == "response.completed"
 
@@ -135,7 +124,7 @@ def test_ollama_call_parsed_and_typed(server):
             "tools": [{"type": "function", "function": TOOL}], "options": {"temperature": 0, "num_predict": 120}}
     whole = client.post("/api/chat", json={**body, "stream": False}).json()
     assert [c["function"]["arguments"] for c in whole["message"]["tool_calls"]] == [WANT]
-    lines = _ndjson(client, "/api/chat", body)
+    lines = ndjson(client, "/api/chat", body)
     calls = [c["function"]["arguments"] for ln in lines for c in ln.get("message", {}).get("tool_calls", [])]
     assert calls == [WANT] and lines[-1]["done"] is True
     assert "<tool_call>" not in "".join(ln["message"]["content"] for ln in lines)
@@ -148,7 +137,7 @@ def test_thinking_on_never_leaks_markup_into_content(server):
     q = [{"role": "user", "content": "Why is the sky blue? One sentence."}]
     oa = client.post("/v1/chat/completions", json={"messages": q, "max_tokens": 80, "temperature": 0}).json()
     msg = oa["choices"][0]["message"]
-    chunks = _sse(client, "/v1/chat/completions", {"messages": q, "max_tokens": 80, "temperature": 0})
+    chunks = sse(client, "/v1/chat/completions", {"messages": q, "max_tokens": 80, "temperature": 0})
     streamed = "".join(ch["choices"][0]["delta"].get("content") or "" for ch in chunks)
     thought = "".join(ch["choices"][0]["delta"].get("reasoning_content") or "" for ch in chunks)
     assert thought or streamed  # (not compared with the whole answer: a cached prefix may shift a greedy tie)
