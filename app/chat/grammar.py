@@ -49,4 +49,6 @@ def call_grammar(spec: ChatSpec, tools: list[dict], forced: bool, parallel: bool
         return CallGrammar(g.text(f"{calls}"))
     thought = f"{g.rule('thought', until(r.closing))} {literal(r.closing)}"
     head = thought if started else f"({literal(r.opening)} {thought})?"
-    return CallGrammar(g.text(f'{head} [ \\t\\n]* {calls}'))
+    # a few blank characters between the reasoning and the call, no more: with no bound a weak model
+    # forced to call can fill its whole answer with them (as llama.cpp's grammars bound whitespace)
+    return CallGrammar(g.text(f'{head} [ \\t\\n]{{0,4}} {calls}'))
