@@ -131,8 +131,8 @@ class Checkpoints:
 
     def restore(self, seq: int, n: int, window: int) -> int:
         """Put back the latest checkpoint at or before n tokens and cut the cache there; returns its
-        length, or 0 where there is none or llama.cpp refuses it (the caller evaluates from the
-        start: a failed restore never leaves wrong state behind)."""
+        length, or 0 where there is none or llama.cpp refuses it (the caller clears the sequence and
+        its checkpoints, and evaluates from the start: a failed restore never leaves wrong state)."""
         for ck in reversed(self._seqs.get(seq, ())):
             if ck.n > n:
                 continue
@@ -143,7 +143,6 @@ class Checkpoints:
                 return ck.n
             self.skipped += 1
             break
-        self.drop(seq)
         return 0
 
     def cut(self, seq: int, n: int) -> None:

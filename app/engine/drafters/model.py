@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
+from functools import partial
 
 import numpy as np
 
@@ -60,7 +61,7 @@ class ModelDrafter(DrafterBase):
         n = kv.sync(self.ctx, seq, cached, history, self.window, need_logits=True, known=known,
                     checkpoints=self.checkpoints)
         # a catch-up over a prompt is checkpointed as the target's evaluation is; a step's few tokens not
-        evaluate = self.checkpoints.evaluate if len(history) - n > self.ctx.params.n_ubatch else self._evaluate
+        evaluate = self.checkpoints.evaluate if len(history) - n > self.ctx.params.n_ubatch else partial(kv.evaluate, self.ctx)
         try:
             idx = evaluate(seq, history, n, logits_last=True, stop=self.halt.is_set)
         except kv.Interrupted as e:  # halted while catching up: no draft, the cache keeps what it evaluated
@@ -98,10 +99,6 @@ class ModelDrafter(DrafterBase):
             cached.append(token)
             pos += 1
         return draft
-
-    def _evaluate(self, seq: int, tokens: Sequence[int], start: int, logits_last: bool,
-                  stop=None, end: int | None = None) -> int:
-        return kv.evaluate(self.ctx, seq, tokens, start, logits_last, stop, end)
 
     def begin_request(self, seq: int, partition: str | None = "") -> None:
         self.checkpoints.new_prompt(seq)
