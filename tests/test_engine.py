@@ -225,11 +225,12 @@ def test_generator_closed_midway_keeps_cache_consistent(tiny):
     assert r.target.pos_max(0) == len(slot.cached) - 1
 
 
-def _first_tokens(engine, spec: SpecParams, n: int, sampling: dict, seed0: int = 0) -> list[tuple[int, int]]:
+def _first_tokens(engine, spec: SpecParams, n: int, sampling: dict, seed0: int = 0,
+                  prompt: list[int] = PROMPT) -> list[tuple[int, int]]:
     out = []
     engine.drafted = engine.accepted = 0
     for seed in range(seed0, seed0 + n):
-        toks, steps = run(engine, Request(prompt=PROMPT, max_tokens=3, speculative=spec,
+        toks, steps = run(engine, Request(prompt=prompt, max_tokens=3, speculative=spec,
                                           sampling=SamplingParams(seed=seed, **sampling)))
         engine.drafted += sum(s.drafted for s in steps)
         engine.accepted += sum(s.accepted for s in steps)

@@ -31,6 +31,12 @@ ASSUMED = {
         "vocabulary texts are placeholders; eos 106",
     ],
     "gemma3-270m": ["token_embd Q8_0 [assumed], linear weights Q4_0, tied output"],
+    "qwen3.6-27b-mtp": [
+        "as qwen3.6-27b, plus one nextn block (block 64: a full-attention decoder block with "
+        "nextn.eh_proj, enorm, hnorm, shared_head_norm; embed_tokens and the head shared with the trunk)",
+        "the nextn block's weights Q4_K, eh_proj Q6_K, norms F32 [assumed]; the published file is "
+        "289,528,736 bytes larger than the file without it",
+    ],
 }
 
 
@@ -56,6 +62,7 @@ class Shape:
     ssm_inner: int = 0
     ssm_groups: int = 0
     ssm_dt_rank: int = 0
+    n_nextn: int = 0  # MTP (nextn) blocks after the n_layer trunk blocks (block_count counts both)
     weight_type: T = T.Q4_K
     embd_type: T = T.Q4_K
     bos: int = 1
@@ -64,7 +71,7 @@ class Shape:
     extra: dict = field(default_factory=dict)
 
     def is_recurrent(self, il: int) -> bool:
-        return bool(self.full_attention_interval) and (il + 1) % self.full_attention_interval != 0
+        return il < self.n_layer and bool(self.full_attention_interval) and (il + 1) % self.full_attention_interval != 0
 
 
 SHAPES = {
@@ -72,6 +79,11 @@ SHAPES = {
         "qwen3.6-27b", "qwen35", 64, 5120, 17408, 24, 4, 256, 248320, 262144, tied=False,
         full_attention_interval=4, ssm_conv=4, ssm_state=128, ssm_inner=6144, ssm_groups=16, ssm_dt_rank=48,
         bos=248044, eos=248046, extra={"rope.dimension_count": 64, "rope.freq_base": 1e7},
+    ),
+    "qwen3.6-27b-mtp": Shape(
+        "qwen3.6-27b-mtp", "qwen35", 64, 5120, 17408, 24, 4, 256, 248320, 262144, tied=False,
+        full_attention_interval=4, ssm_conv=4, ssm_state=128, ssm_inner=6144, ssm_groups=16, ssm_dt_rank=48,
+        n_nextn=1, bos=248044, eos=248046, extra={"rope.dimension_count": 64, "rope.freq_base": 1e7},
     ),
     "qwen3.5-0.8b": Shape(
         "qwen3.5-0.8b", "qwen35", 24, 1024, 3584, 8, 2, 256, 248320, 262144, tied=True,
@@ -105,7 +117,7 @@ def tensor_table(s: Shape) -> list[tuple[str, tuple[int, ...], T]]:
         out.append(("output.weight", (s.n_embd, s.n_vocab), T.Q6_K if mixed else w))
     q_dim = s.head_dim * s.n_head * (2 if s.arch == "qwen35" else 1)
     kv_dim = s.head_dim * s.n_head_kv
-    for il in range(s.n_layer):
+    for il in range(s.n_layer + s.n_nextn):
         p = f"blk.{il}."
         more = T.Q6_K if mixed and _more_bits(il, s.n_layer) else w
         out.append((p + "attn_norm.weight", (s.n_embd,), f32))
@@ -140,7 +152,18 @@ def tensor_table(s: Shape) -> list[tuple[str, tuple[int, ...], T]]:
             (p + "ffn_up.weight", (s.n_embd, s.n_ff), w),
             (p + "ffn_down.weight", (s.n_ff, s.n_embd), more),
         ]
+        if il >= s.n_layer:
+            out += nextn_tensors(s, il)
     return out
+
+
+def nextn_tensors(s: Shape, il: int) -> list[tuple[str, tuple[int, ...], T]]:
+    """The tensors that make block `il` an MTP (nextn) head, as llama.cpp's qwen35 loader names them:
+    the projection of [token embedding, target hidden state] and its norms."""
+    p, f32 = f"blk.{il}.nextn.", T.F32
+    return [(p + "eh_proj.weight", (2 * s.n_embd, s.n_embd), T.Q6_K if s.weight_type == T.Q4_K else s.weight_type),
+            (p + "enorm.weight", (s.n_embd,), f32), (p + "hnorm.weight", (s.n_embd,), f32),
+            (p + "shared_head_norm.weight", (s.n_embd,), f32)]
 
 
 def tensor_nbytes(dims: tuple[int, ...], t: T) -> int:
@@ -152,7 +175,9 @@ def tensor_nbytes(dims: tuple[int, ...], t: T) -> int:
 def _add_metadata(w: GGUFWriter, s: Shape) -> None:
     a = s.arch
     w.add_name(s.name)
-    w.add_uint32(f"{a}.block_count", s.n_layer)
+    w.add_uint32(f"{a}.block_count", s.n_layer + s.n_nextn)
+    if s.n_nextn:
+        w.add_uint32(f"{a}.nextn_predict_layers", s.n_nextn)
     w.add_uint32(f"{a}.context_length", s.context_length)
     w.add_uint32(f"{a}.embedding_length", s.n_embd)
     w.add_uint32(f"{a}.feed_forward_length", s.n_ff)
@@ -248,12 +273,21 @@ def _tensor_data(name: str, dims: tuple[int, ...], t: T, rnd: _RandomBytes, rng:
     return data.reshape(-1)
 
 
-def write_random(path: Path, s: Shape, seed: int = 0) -> Path:
-    """A loadable model of shape `s` with random weights (for speed measurements, not for text)."""
+def write_random(path: Path, s: Shape, seed: int = 0, scale: dict[str, float] | None = None,
+                 values: dict[str, np.ndarray] | None = None) -> Path:
+    """A loadable model of shape `s` with random weights (for speed measurements, not for text).
+    For float weights (F32 / F16 shapes): `scale` multiplies the tensors it names, `values` gives
+    tensors outright (numpy order: the ggml dims reversed)."""
     w = _start(path, s)
     rnd, rng = _RandomBytes(seed), np.random.default_rng(seed)
     for name, dims, t in tensor_table(s):
-        w.write_tensor_data(_tensor_data(name, dims, t, rnd, rng))
+        data = _tensor_data(name, dims, t, rnd, rng)
+        if t in (T.F32, T.F16):
+            if values and name in values:
+                data = np.asarray(values[name], dtype=data.dtype).reshape(-1)
+            if scale and name in scale:
+                data = (data * scale[name]).astype(data.dtype)
+        w.write_tensor_data(data)
     w.close()
     return path
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import ctypes
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import llama_cpp
@@ -17,6 +18,7 @@ import numpy as np
 from app.errors import SpecdeckError
 from app.llama.backend import init_llama
 from app.llama.measure import KV_TYPE_IDS
+from app.llama.nextn import EmbdBatch
 from app.llama.params import ModelParams
 
 
@@ -40,11 +42,12 @@ class Model:
     """A loaded GGUF model (weights mapped once; contexts are made from it)."""
 
     def __init__(self, path: Path, n_gpu_layers: int = 0, use_extra_bufts: bool = True,
-                 cancel: threading.Event | None = None) -> None:
+                 cancel: threading.Event | None = None, load_mtp: bool = False) -> None:
         init_llama()
         mp = llama_cpp.llama_model_default_params()
         mp.n_gpu_layers = n_gpu_layers
         mp.use_extra_bufts = use_extra_bufts
+        mp.load_mtp = load_mtp  # the nextn (MTP) layers too, for an MTP draft context; skipped otherwise
         self.path = path
         if cancel is not None:  # llama.cpp asks after each part it loads whether to go on
             progress = llama_cpp.llama_progress_callback(lambda _progress, _data: not cancel.is_set())
@@ -58,6 +61,9 @@ class Model:
         self.n_vocab = int(llama_cpp.llama_vocab_n_tokens(self.vocab))
         self.swa_window = int(llama_cpp.llama_model_n_swa(self.ptr))
         self.is_recurrent = bool(llama_cpp.llama_model_is_recurrent(self.ptr) or llama_cpp.llama_model_is_hybrid(self.ptr))
+        self.n_nextn = int(llama_cpp.llama_model_n_layer_nextn(self.ptr))  # MTP layers the file has
+        self.n_embd_out = int(llama_cpp.llama_model_n_embd_out(self.ptr))
+        self.mtp_loaded = load_mtp
 
     def close(self) -> None:
         if self.ptr:
@@ -82,9 +88,11 @@ def _bytes_ptr(buf: np.ndarray):
 
 
 class Context:
-    """A llama.cpp context created exactly from a plan's ModelParams."""
+    """A llama.cpp context created exactly from a plan's ModelParams. `mtp_of`: this is the MTP
+    (nextn) draft context of that target context, made from the same model (loaded with its MTP
+    layers): it holds only the nextn layers' cache and decodes (token, target hidden state) pairs."""
 
-    def __init__(self, model: Model, p: ModelParams, n_threads: int) -> None:
+    def __init__(self, model: Model, p: ModelParams, n_threads: int, mtp_of: Context | None = None) -> None:
         cp = llama_cpp.llama_context_default_params()
         cp.n_ctx, cp.n_batch, cp.n_ubatch = p.n_ctx, p.n_batch, p.n_ubatch
         cp.n_seq_max, cp.kv_unified, cp.swa_full, cp.n_rs_seq = p.n_seq_max, p.kv_unified, p.swa_full, p.n_rs_seq
@@ -96,6 +104,8 @@ class Context:
             cp.embeddings = True
             cp.pooling_type = llama_cpp.LLAMA_POOLING_TYPE_MEAN if _pooling_of(model) == llama_cpp.LLAMA_POOLING_TYPE_NONE \
                 else llama_cpp.LLAMA_POOLING_TYPE_UNSPECIFIED  # the GGUF's own pooling, else the mean of the tokens
+        if mtp_of is not None:
+            cp.ctx_type, cp.ctx_other, cp.n_rs_seq = llama_cpp.LLAMA_CONTEXT_TYPE_MTP, mtp_of.ptr, 0
         self.model = model
         self.params = p
         self.ptr = llama_cpp.llama_init_from_model(model.ptr, cp)
@@ -107,6 +117,9 @@ class Context:
         self.decode_seconds = 0.0  # time inside llama_decode (what is not Python)
         self.decodes = 0
         self.decoding = False  # a llama_decode is running: nothing may free or replace this context's state
+        # told every batch this context decoded, right after the decode (an MTP drafter follows the
+        # target's hidden states so)
+        self.after_decode: Callable[[Batch], None] | None = None
 
     def _not_decoding(self, what: str) -> None:
         """Nothing frees or replaces a context's state under a decode (a restore, a saved prompt's
@@ -126,6 +139,21 @@ class Context:
         self.decodes += 1
         if rc != 0:
             raise DecodeError(f"llama_decode failed ({rc}): {_DECODE_ERRORS.get(rc, 'unknown error')}")
+        if self.after_decode is not None:
+            self.after_decode(batch)
+
+    def process(self, batch: EmbdBatch) -> None:
+        """Decode an extended batch (tokens with hidden-state rows: an MTP context's input)."""
+        t = time.perf_counter()
+        self.decoding = True
+        try:
+            rc = llama_cpp.llama_process(self.ptr, llama_cpp.LLAMA_PROCESS_TYPE_DECODE, batch.raw)
+        finally:
+            self.decoding = False
+        self.decode_seconds += time.perf_counter() - t
+        self.decodes += 1
+        if rc != 0:
+            raise DecodeError(f"llama_process failed ({rc}): {_DECODE_ERRORS.get(rc, 'unknown error')}")
 
     def embedding(self, seq: int) -> np.ndarray:
         """The pooled embedding of a sequence after a decode of an embedding context (a copy)."""

@@ -22,6 +22,46 @@ def top_probability(logits: np.ndarray, top: float | None = None) -> float:
     return 1.0 / float(np.exp(logits - np.float32(m)).sum(dtype=np.float64))
 
 
+class DraftSamplers:
+    """Per sequence, the sampler a draft's tokens are drawn with under rejection sampling: the
+    request's, less penalties and grammar (their state follows the target's history; a draft token
+    the grammar forbids has p = 0 and is rejected)."""
+
+    def __init__(self, n_vocab: int) -> None:
+        self.n_vocab = n_vocab
+        self._of: dict[int, tuple[SamplingParams, TokenSampler]] = {}
+
+    def get(self, seq: int, sampling: SamplingParams) -> TokenSampler:
+        have = self._of.get(seq)
+        if have is None or have[0] != sampling:
+            have = (sampling, TokenSampler(sampling.model_copy(update={"repeat_penalty": 1.0, "frequency_penalty": 0.0,
+                                                                       "presence_penalty": 0.0, "grammar": None}),
+                                           self.n_vocab))
+            self._of[seq] = have
+        return have[1]
+
+    def forget(self, seq: int) -> None:
+        self._of.pop(seq, None)
+
+
+def pick(logits: np.ndarray, draft: Draft, sampler: TokenSampler | None, rng: np.random.Generator | None,
+         p_min: float = 0.0, confident: bool = False) -> int | None:
+    """The next draft token from the drafter's logits, appended to `draft`: the argmax (None where its
+    probability is under `p_min` and `confident` is asked), or under rejection sampling a draw from
+    the drafter's own distribution, kept in `draft.q`."""
+    if sampler is None:
+        token = int(np.argmax(logits))
+        # the top probability costs an exp over the vocabulary: only when used
+        if confident and p_min > 0 and top_probability(logits, float(logits[token])) < p_min:
+            return None
+    else:
+        q = sampler.probs(logits)
+        token = draw(q, rng)
+        draft.q.append(q)
+    draft.tokens.append(token)
+    return token
+
+
 class ModelDrafter(DrafterBase):
     """A small GGUF model with its own context; its cache follows each sequence's history."""
 
@@ -38,18 +78,8 @@ class ModelDrafter(DrafterBase):
         self.window = ctx.model.swa_window
         self.cached: dict[int, list[int]] = {}
         self._growth = kv.Growth()  # cached[:known] == history[:known]: compared only past it
-        self._samplers: dict[int, tuple[SamplingParams, TokenSampler]] = {}
+        self._samplers = DraftSamplers(ctx.model.n_vocab)
 
-    def _sampler(self, seq: int, sampling: SamplingParams) -> TokenSampler:
-        have = self._samplers.get(seq)
-        if have is None or have[0] != sampling:
-            # the draft's q leaves out penalties and grammar (their state follows the target's history;
-            # a draft token the grammar forbids has p = 0 and is rejected)
-            have = (sampling, TokenSampler(sampling.model_copy(update={"repeat_penalty": 1.0, "frequency_penalty": 0.0,
-                                                                       "presence_penalty": 0.0, "grammar": None}),
-                                           self.ctx.model.n_vocab))
-            self._samplers[seq] = have
-        return have[1]
 
     def propose(self, seq: int, history: Sequence[int], k: int, sampling: SamplingParams | None = None,
                 rng: np.random.Generator | None = None) -> Draft:
@@ -72,21 +102,11 @@ class ModelDrafter(DrafterBase):
             return draft
         cached.extend(history[len(cached):])  # sync left cached == history[:n]; the rest is now evaluated
         self._growth.see(seq, history)
-        sampler = self._sampler(seq, sampling) if sampling is not None else None
+        sampler = self._samplers.get(seq, sampling) if sampling is not None else None
         pos = len(history)
         for j in range(k):
-            logits = self.ctx.logits(idx)
-            if sampler is None:
-                token = int(np.argmax(logits))
-                if self.p_min > 0:  # the top probability costs an exp over the vocabulary: only when used
-                    if j >= self.n_min and top_probability(logits, float(logits[token])) < self.p_min:
-                        break
-            else:
-                q = sampler.probs(logits)
-                token = draw(q, rng)
-                draft.q.append(q)
-            draft.tokens.append(token)
-            if j == k - 1:
+            token = pick(self.ctx.logits(idx), draft, sampler, rng, self.p_min, confident=j >= self.n_min)
+            if token is None or j == k - 1:
                 break
             b = self.ctx.batch
             b.clear()
@@ -146,6 +166,6 @@ class ModelDrafter(DrafterBase):
     def release(self, seq: int) -> None:
         self.cached.pop(seq, None)
         self._growth.forget(seq)
-        self._samplers.pop(seq, None)
+        self._samplers.forget(seq)
         self.checkpoints.drop(seq)
         self.ctx.seq_rm(seq, 0, -1)
