@@ -34,7 +34,7 @@ from app.settings import add_flags
 def _add_selection(p: argparse.ArgumentParser) -> None:
     p.add_argument("name", nargs="?", help="preset, catalogue model, or hf://owner/repo/file.gguf[@rev] (default: the preset for this machine)")
     p.add_argument("--target", help="target model: catalogue name, hf:// URI or GGUF path")
-    p.add_argument("--draft", help="draft model: catalogue name, hf:// URI or GGUF path")
+    p.add_argument("--draft", help="draft model: catalogue name, hf:// URI or GGUF path; or mtp: the target's own MTP head (a preset name may go with it)")
 
 
 def _add_plan_overrides(p: argparse.ArgumentParser, draft_max: bool = True) -> None:

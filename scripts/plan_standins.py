@@ -24,9 +24,11 @@ from app.plan.planner import PlanRequest, make_plan  # noqa: E402
 from app.plan.view import render_plan  # noqa: E402
 from app.units import parse_size  # noqa: E402
 
-TRUE_SIZES = {"qwen3.6-27b": 16_817_244_384, "qwen3.5-0.8b": 532_517_120,
+TRUE_SIZES = {"qwen3.6-27b": 16_817_244_384, "qwen3.6-27b-mtp": 17_106_773_120, "qwen3.5-0.8b": 532_517_120,
               "gemma3-27b": 17_229_630_496, "gemma3-270m": 241_410_624}
-PRESETS = {"qwen3.6-27b": ("qwen3.6-27b", "qwen3.5-0.8b"), "gemma3-27b": ("gemma3-27b", "gemma3-270m")}
+# preset: (target, draft model, or "mtp": the target's own MTP head)
+PRESETS = {"qwen3.6-27b-mtp": ("qwen3.6-27b-mtp", "mtp"), "qwen3.6-27b": ("qwen3.6-27b", "qwen3.5-0.8b"),
+           "gemma3-27b": ("gemma3-27b", "gemma3-270m")}
 
 
 def main() -> int:
@@ -39,14 +41,14 @@ def main() -> int:
     out = {}
     with tempfile.TemporaryDirectory() as d:
         for preset, (t, dr) in PRESETS.items():
-            paths = [write_sparse(Path(d) / f"{n}.gguf", SHAPES[n], TRUE_SIZES[n]) for n in (t, dr)]
-            infos = [read_model_info(p) for p in paths]
+            models = (t,) if dr == "mtp" else (t, dr)
+            infos = [read_model_info(write_sparse(Path(d) / f"{n}.gguf", SHAPES[n], TRUE_SIZES[n])) for n in models]
             req = PlanRequest(vram=parse_size(args.vram), ctx=args.ctx, ctx_is_user_choice=True)
-            plan = make_plan(infos[0], infos[1], req, detect(), args.ctx)
+            plan = make_plan(infos[0], infos[1] if len(infos) > 1 else None, req, detect(), args.ctx, mtp=dr == "mtp")
             out[preset] = plan.to_json()
             if not args.json:
                 console.print(render_plan(plan, preset))
-                console.print("assumed: " + "; ".join(ASSUMED[t] + ASSUMED[dr]) + "\n", markup=False)
+                console.print("assumed: " + "; ".join(sum((ASSUMED[n] for n in models), [])) + "\n", markup=False)
     if args.json:
         print(json.dumps(out, indent=1))
     return 0

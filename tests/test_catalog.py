@@ -100,3 +100,24 @@ def test_a_presets_chat_template_file_is_read_beside_the_catalogue(tmp_path):
     other = tmp_path / "other.jinja"
     other.write_text("{{ messages[0].content }}", encoding="utf-8")
     assert chat_template(other, sel) == "{{ messages[0].content }}"
+
+
+def test_draft_mtp_selects_the_targets_own_head(tmp_path):
+    """`draft = "mtp"` in a preset, or `--draft mtp` with --target or a preset name: no draft model
+    (none is fetched), the target drafts with its MTP head. Any other draft still needs --target."""
+    c = load_catalog()
+    preset = select(c, "qwen3.6-27b-mtp", None, None, lambda: "")
+    assert preset.mtp and preset.draft is None and preset.target.spec.name == "qwen3.6-27b-mtp-q4_k_m"
+    assert preset.target.spec.sha256 == "a7cbd3ecc0e3f9b333edee61ae66bc87ed713c5d49587a8355814722ed329e0f"
+    assert preset.target.spec.size == 17_106_773_120 and preset.target.spec.repo == "unsloth/Qwen3.6-27B-MTP-GGUF"
+    assert c.default_gpu_preset == "qwen3.6-27b-mtp"
+    custom = select(c, None, str(tmp_path / "t.gguf"), "mtp", lambda: "")
+    assert custom.mtp and custom.draft is None
+    named = select(c, "qwen3.6-27b", None, "mtp", lambda: "")  # the preset's draft model is then not used
+    assert named.mtp and named.draft is None and named.context == 110_000
+    assert not select(c, "qwen3.6-27b", None, None, lambda: "").mtp
+    with pytest.raises(CatalogError, match="not both"):
+        select(c, "qwen3.6-27b", None, "qwen3.5-0.8b-q4_k_m", lambda: "")
+    bad = load_catalog().source.read_text(encoding="utf-8").replace('draft = "mtp"', 'draft = "mtp-head"', 1)
+    with pytest.raises(CatalogError, match="mtp-head"):
+        parse_catalog(bad, tmp_path / "models.toml")

@@ -139,3 +139,34 @@ def test_a_model_without_nextn_layers_is_refused(tmp_path):
     tc = Context(m, params(8), 1)
     with pytest.raises(NoMtpHead, match="plain.gguf has no MTP"):
         MtpDrafter(tc, tc)
+
+
+def test_serve_draft_mtp_answers_with_head_drafts_and_a_target_without_one_is_refused(mtp_file, tmp_path):
+    """`specdeck serve --target FILE --draft mtp`: the start line says who drafts, an answer (token ids:
+    the stand-in's placeholder vocabulary makes no tokens of text) carries the head's drafts; plan and
+    check refuse a target without nextn layers in one line naming the file."""
+    import httpx
+    from conftest import run_cli
+    from support.live import Serve, free_port
+
+    from app.gguf.synthetic import SHAPES, small, write_random
+
+    port = free_port()
+    s = Serve("--target", str(mtp_file), "--draft", "mtp", "--port", str(port), "--ctx", "2048")
+    try:
+        assert s.wait_line("models loaded", 300), s.output
+        assert "the target's MTP head drafting" in s.output
+        r = httpx.post(f"http://127.0.0.1:{port}/completion", json={"prompt": PROMPT, "n_predict": 48}, timeout=120)
+        assert r.status_code == 200, r.text
+        timings = r.json()["timings"]
+        assert timings["predicted_n"] == 48 and timings["draft_n"] > 0, timings
+    finally:
+        assert s.stop() == 0, s.output
+    assert "Traceback" not in s.output
+
+    plain = write_random(tmp_path / "no-head.gguf", small(SHAPES["qwen3.6-27b"]), seed=3)
+    for command in ("plan", "check"):
+        p = run_cli(command, "--target", str(plain), "--draft", "mtp", "--device", "cpu", "--ctx", "4096") \
+            if command == "plan" else run_cli(command, "--target", str(plain), "--draft", "mtp")
+        assert p.returncode != 0 and "no-head.gguf has no MTP (nextn) layers" in p.stdout + p.stderr, (p.stdout, p.stderr)
+        assert "Traceback" not in p.stderr

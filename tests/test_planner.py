@@ -15,7 +15,7 @@ GiB = 1024**3
 BUFFERS = cpu_buffers()
 NO_GPU = Hardware(gpus=(), ram_total=24 * GiB, ram_available=20 * GiB, cpu_count=2)
 # The real files' sizes (MODELS-27B.md): the stand-ins are sparse files of exactly this size.
-TRUE_SIZES = {"qwen3.6-27b": 16_817_244_384, "qwen3.5-0.8b": 532_517_120,
+TRUE_SIZES = {"qwen3.6-27b": 16_817_244_384, "qwen3.6-27b-mtp": 17_106_773_120, "qwen3.5-0.8b": 532_517_120,
               "gemma3-27b": 17_229_630_496, "gemma3-270m": 241_410_624}
 
 
@@ -111,6 +111,53 @@ def test_27b_presets_fit_24gib_at_110k(infos, target, draft):
     margin = next(t.bytes for t in plan.terms if t.name == "safety margin")
     assert margin >= 256 * 1024**2
     assert plan.target.kv_unified and plan.draft.n_ctx == plan.target.n_ctx
+
+
+def test_the_mtp_preset_fits_24gib_at_110k_and_counts_its_head(infos):
+    """Qwen3.6-27B drafting with its own MTP head: the nextn block's weights, its context's cache and
+    buffers, and the target's hidden states are counted, and no draft model; the same file planned
+    without MTP leaves the nextn block's weights out (llama.cpp skips them)."""
+    target = infos["qwen3.6-27b-mtp"]
+    assert (target.n_layers, target.n_nextn, target.n_attention_layers, target.n_recurrent_layers) == (65, 1, 17, 48)
+    req = PlanRequest(vram=24 * GiB, ctx=110_000, ctx_is_user_choice=True)
+    plan = make_plan(target, None, req, NO_GPU, 110_000, mtp=True)
+    assert plan.fits and plan.ctx == 110_000 and plan.draft is None and plan.mtp is not None
+    terms = {t.name: t.bytes for t in plan.terms}
+    assert terms["MTP head weights"] == M.nextn_bytes(target) > 250 * 2**20  # measured layout: 264 MiB
+    mtp_cs = M.context_shape(plan.ctx, plan.parallel, plan.target.type_k, plan.target.type_v)
+    assert terms["MTP KV cache"] == M.kv_bytes(target, mtp_cs, nextn=True) > 0
+    assert {"MTP compute buffer", "target hidden states"} <= set(terms)
+    assert plan.mtp.n_ctx == plan.target.n_ctx and plan.mtp.n_rs_seq == 0
+    plain = make_plan(target, None, req, NO_GPU, 110_000)
+    plain_weights = next(t.bytes for t in plain.terms if t.name == "target weights")
+    assert plain.mtp is None and terms["target weights"] == plain_weights
+    assert abs(plain.used + terms["MTP head weights"] - plan.used) < plan.used * 0.1
+
+
+def test_mtp_context_terms_match_llama_cpp(infos, standins, tmp_path):
+    """The MTP head's cache and weights against what llama.cpp allocates (a small MTP-shaped model,
+    real allocation), its compute buffer against the 27B stand-in's (no_alloc)."""
+    from support.tinymodels import write_mtp_model
+
+    small = write_mtp_model(tmp_path / "mtp.gguf")
+    info = read_model_info(small)
+    for ctx, seq, fa in ((4096, 1, True), (8192, 2, False)):
+        got = measure(small, ctx, n_seq_max=seq, flash_attn=fa, n_rs_seq=4, mtp=True)
+        cs = M.context_shape(ctx, seq, "f16", "f16", flash_attn=fa)
+        assert close(M.kv_bytes(info, cs, nextn=True), got.total("mtp KV"), 0.03)
+        assert close(M.kv_bytes(info, cs), got.total("KV"), 0.03)
+        assert close(M.data_bytes(info), got.get("model", "CPU_Mapped"), 0.03)
+    without = measure(small, 4096)
+    assert close(M.data_bytes(info) - M.nextn_bytes(info), without.get("model", "CPU_Mapped"), 0.03)
+    for ctx, seq in ((110_000, 2), (32768, 1)):
+        got = measure(standins["qwen3.6-27b-mtp"], ctx, "q8_0", "q8_0", n_seq_max=seq, n_rs_seq=8, no_alloc=True, mtp=True)
+        cs = M.context_shape(ctx, seq, "q8_0", "q8_0")
+        assert close(M.compute_bytes(infos["qwen3.6-27b-mtp"], cs), got.total("mtp compute"), 0.10)
+
+
+def test_mtp_on_a_target_without_nextn_layers_is_one_line_naming_the_file(infos):
+    with pytest.raises(PlanError, match=r"--draft mtp: qwen3.6-27b.gguf has no MTP \(nextn\) layers"):
+        make_plan(infos["qwen3.6-27b"], None, PlanRequest(vram=24 * GiB), NO_GPU, 110_000, mtp=True)
 
 
 def test_hybrid_plan_reserves_rollback_snapshots(infos):

@@ -71,7 +71,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     target = read_model_info(local_path(fetcher, sel.target))
     draft = read_model_info(local_path(fetcher, sel.draft)) if sel.draft else None
     hw = detect()
-    plan = make_plan(target, draft, plan_request_of(ctx=args.ctx, ctx_is_user_choice=True, parallel=1, draft_max=16), hw, args.ctx)
+    plan = make_plan(target, draft, plan_request_of(ctx=args.ctx, ctx_is_user_choice=True, parallel=1, draft_max=16), hw, args.ctx,
+                     mtp=sel.mtp)
     n_threads = threads(args.threads, hw)
     log = (lambda *a, **k: console.print(*a, **k)) if args.json else (lambda *a, **k: out.print(*a, **k))
     server = None if args.no_anchors else find_llama_server()

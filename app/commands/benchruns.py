@@ -13,6 +13,7 @@ from app.commands.equivalence import prompt_tokens
 from app.engine.calibration import calibrate
 from app.engine.controller import Controller
 from app.engine.drafters.adaptive import adaptive_controller
+from app.engine.drafters.mtp import MtpDrafter
 from app.engine.engine import Engine, Request, SpecParams
 from app.engine.loader import DRAFTER_KINDS, Loaded, build_drafter
 from app.llama.context import Context
@@ -74,15 +75,17 @@ def answers_unlike_plain(workloads: dict) -> list[dict]:
 
 
 def _drafters(loaded: Loaded, controller: Controller) -> dict:
-    return mode_drafters(loaded.draft, controller)
+    return mode_drafters(loaded.draft, controller, loaded.mtp)
 
 
-def mode_drafters(draft: Context | None, controller: Controller) -> dict:
+def mode_drafters(draft: Context | None, controller: Controller, mtp: MtpDrafter | None = None) -> dict:
     """Every mode's drafter as bench measures it ({mode: drafter}, None for plain): one controller
     for all but adaptive-local, which keeps its own acceptance estimates on the same measured costs
-    (what one mode learns must not steer the other)."""
-    drafters = {mode: build_drafter(mode, draft, controller) for mode in DRAFTER_KINDS}
-    drafters["adaptive-local"] = build_drafter("adaptive", draft, adaptive_controller(controller.costs), suffix_tokens=0)
+    (what one mode learns must not steer the other). `mtp`: the target's MTP head in the draft
+    model's place (one head, shared by the modes in turn)."""
+    drafters = {mode: build_drafter(mode, draft, controller, mtp=mtp) for mode in DRAFTER_KINDS}
+    drafters["adaptive-local"] = build_drafter("adaptive", draft, adaptive_controller(controller.costs), suffix_tokens=0,
+                                               mtp=mtp)
     return drafters
 
 
@@ -101,9 +104,10 @@ def clear_index(drafter) -> None:
 def measure_one(loaded: Loaded, drafter, mode: str, ids: list[int], max_tokens: int, res: ModeResult):
     """One greedy request through a fresh engine with this mode's drafter; its figures go to `res`."""
     n_max = ADAPTIVE_N_MAX if mode.startswith("adaptive") else DRAFT_N_MAX
+    if loaded.mtp is not None:  # the head follows the target only in the modes it drafts in
+        loaded.mtp.follow(drafter is loaded.mtp or getattr(drafter, "model", None) is loaded.mtp)
     engine = Engine(loaded.target, drafter, 1, draft_limit=n_max, costs=getattr(drafter, "controller", None))
-    d_ctx = loaded.draft
-    d0 = (d_ctx.decode_seconds if d_ctx else 0.0)
+    d0 = llama_draft_seconds(loaded)
     req = Request(prompt=ids, max_tokens=max_tokens, stop_tokens=loaded.tokenizer.stop_tokens,
                   speculative=SpecParams(enabled=mode != "plain", n_max=n_max))
     for _ in engine.generate(req):
@@ -118,14 +122,22 @@ def measure_one(loaded: Loaded, drafter, mode: str, ids: list[int], max_tokens: 
         res.acceptance.append(r.acceptance)
     res.tokens_per_decode.append(r.tokens_per_decode or 0.0)
     if mode == "draft" and r.drafted:
-        in_llama = (d_ctx.decode_seconds - d0) if d_ctx else 0.0
+        in_llama = llama_draft_seconds(loaded) - d0
         res.python_ms_per_drafted.append(max(r.t_draft - in_llama, 0.0) / r.drafted * 1e3)
     return r
 
 
+def llama_draft_seconds(loaded: Loaded) -> float:
+    """Seconds the drafter has spent in llama.cpp drafting (the MTP head's drafts only, not the
+    evaluation that follows each target decode)."""
+    if loaded.mtp is not None:
+        return loaded.mtp.draft_seconds
+    return loaded.draft.decode_seconds if loaded.draft else 0.0
+
+
 def _calibrated(loaded: Loaded, log) -> Controller:
     t = time.perf_counter()
-    costs = calibrate(loaded.target, loaded.draft, ADAPTIVE_N_MAX)
+    costs = calibrate(loaded.target, loaded.draft, ADAPTIVE_N_MAX, mtp=loaded.mtp)
     log(f"calibrated in {time.perf_counter() - t:.1f} s: c_verify(n) ms "
         + " ".join(f"{n}: {costs.verify[n] * 1e3:.1f}" for n in sorted(costs.verify))
         + (f"; c_draft {costs.draft * 1e3:.1f} ms" if costs.draft else "")

@@ -53,10 +53,12 @@ def inspect(path: Path, probe: bool = True) -> Inspected:
     return Inspected(info, probe_vocab(path) if probe else None)
 
 
-def check_pair(target: Path, draft: Path | None, probe: bool = True) -> CheckResult:
+def check_pair(target: Path, draft: Path | None, probe: bool = True, mtp: bool = False) -> CheckResult:
+    """The target (and draft) headers and whether the pair works; `mtp`: the target drafts with its
+    own MTP head (no draft model, so nothing to pair)."""
     t = inspect(target, probe)
     if draft is None:
-        return CheckResult(t, None, None, ["no draft model: speculation can only use prompt lookup"])
+        return CheckResult(t, None, None, [] if mtp else ["no draft model: speculation can only use prompt lookup"])
     d = inspect(draft, probe)
     bad = first_incompatibility(resolve_vocab(t.info, t.facts), resolve_vocab(d.info, d.facts))
     return CheckResult(t, d, bad, speed_warnings(t.info, d.info))
@@ -100,6 +102,7 @@ def summary(x: Inspected) -> dict[str, Any]:
         "sliding_window_layers": i.n_swa_layers,
         "sliding_window": i.sliding_window if i.n_swa_layers else None,
         "recurrent_layers": i.n_recurrent_layers,
+        "mtp_layers": i.n_nextn,
         "heads": i.n_head,
         "kv_heads": kv,
         "head_size_k": i.key_length,
@@ -163,6 +166,7 @@ def _rows(x: Inspected) -> list[tuple[str, str]]:
         ("layers", f"{s['layers']} ({s['attention_layers']} attention)"),
         ("sliding-window layers", swa),
         ("recurrent layers", str(s["recurrent_layers"])),
+        ("MTP head", f"{s['mtp_layers']} layer(s)" if s["mtp_layers"] else "none"),
         ("heads / KV heads / head size", f"{s['heads']} / {','.join(map(str, s['kv_heads'])) or '-'} / {s['head_size_k']}"
          + (f",{s['head_size_v']}" if s["head_size_v"] != s["head_size_k"] else "")),
         ("trained context", f"{s['context_length']:,}"),
@@ -196,7 +200,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     fetcher = make_fetcher(offline=True, verify=args.verify)
     target = local_path(fetcher, sel.target)
     draft = local_path(fetcher, sel.draft) if sel.draft else None
-    result = check_pair(target, draft, probe=not args.no_probe)
+    result = check_pair(target, draft, probe=not args.no_probe, mtp=sel.mtp)
     template = chat_template(template_file(args), sel)
     if template is not None:  # the template served in place of the target's own
         info = result.target.info
@@ -210,7 +214,14 @@ def cmd_check(args: argparse.Namespace) -> int:
         note = (summary(result.target)["chat_format"] or {}).get("note")
         if note:
             out.print(f"[yellow]chat format:[/] {note}", soft_wrap=True)  # one line, however narrow the terminal
-        if result.draft is None:
+        mtp = result.target.info.n_nextn
+        if mtp:
+            out.print(f"MTP head: {mtp} layer(s)" + ("" if sel.mtp else " (it drafts with --draft mtp)"))
+        if sel.mtp and not mtp:
+            out.print(f"[red]--draft mtp:[/] {target.name} has no MTP (nextn) layers to draft with")
+        elif sel.mtp:
+            out.print("[green]the target drafts for itself[/] with its MTP head")
+        elif result.draft is None:
             out.print("[green]target readable[/] (no draft)")
         elif result.compatible:
             out.print("[green]compatible:[/] the draft can serve the target (llama.cpp's rules)")
@@ -218,4 +229,4 @@ def cmd_check(args: argparse.Namespace) -> int:
             bad = result.incompatibility
             assert bad is not None
             out.print(f"[red]incompatible[/] (rule {bad.rule}): {bad.message}")
-    return 0 if result.compatible else 2
+    return 0 if result.compatible and (result.target.info.n_nextn or not sel.mtp) else 2

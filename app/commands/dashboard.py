@@ -160,7 +160,8 @@ def render(snap: dict) -> RenderableType:
 
     models = snap.get("models") or {}
     g.add_row("target", _name(models.get("target")))
-    g.add_row("draft", _name(models.get("draft")) if models.get("draft") else "[dim]none (prompt lookup only)[/]")
+    draft = models.get("draft")
+    g.add_row("draft", "the target's MTP head" if draft == "mtp" else _name(draft) if draft else "[dim]none (prompt lookup only)[/]")
     tgt = plan.get("target") or {}
     where = "VRAM" if plan.get("device") == "cuda" else "RAM"
     g.add_row("plan", f"ctx {plan.get('ctx', 0):,} · KV {tgt.get('type_k', '?')}/{tgt.get('type_v', '?')} · "

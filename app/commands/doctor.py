@@ -192,9 +192,14 @@ def check_models(states: list[ModelState]) -> Check:
                  data=data)
 
 
-def check_pair(target: ModelInfo, draft: ModelInfo | None) -> Check:
+def check_pair(target: ModelInfo, draft: ModelInfo | None, mtp: bool = False) -> Check:
     from app.gguf.pairing import first_incompatibility, resolve_vocab
 
+    if mtp:
+        if not target.n_nextn:
+            return Check("pair", "fail", f"--draft mtp: {target.path.name} has no MTP (nextn) layers",
+                         "use a file with them (the qwen3.6-27b-mtp preset), or a draft model")
+        return Check("pair", "ok", f"the target drafts with its own MTP head ({target.n_nextn} nextn layer(s))")
     if draft is None:
         return Check("pair", "ok", "no draft model: speculation uses prompt lookup only")
     bad = first_incompatibility(resolve_vocab(target, None), resolve_vocab(draft, None))
@@ -388,8 +393,9 @@ def model_checks(subject: Subject, hw: Hardware) -> list[Check]:
                 raise SpecdeckError(f"{m.name}: no such file")
     except SpecdeckError as e:
         return checks + [Check("plan", "warn", f"cannot read the headers to plan: {e.message}", e.hint), check_ram(hw, None)]
-    checks.append(check_pair(infos["target"], infos.get("draft")))
-    plan = check_plan(lambda: make_plan(infos["target"], infos.get("draft"), subject.plan_request, hw, sel.context),
+    checks.append(check_pair(infos["target"], infos.get("draft"), sel.mtp))
+    plan = check_plan(lambda: make_plan(infos["target"], infos.get("draft"), subject.plan_request, hw, sel.context,
+                                        mtp=sel.mtp),
                       subject.plan_request.ctx or sel.context)
     return checks + [plan, check_ram(hw, plan.data["used"] if plan.data.get("device") == "cpu" else None)]
 

@@ -314,15 +314,15 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
     catalog = catalog_from_args(args)
     sel = make_selection(args, catalog)
-    if sel.draft is None:
-        raise SpecdeckError("verify needs a draft model (a preset with one, or --draft)")
+    if sel.draft is None and not sel.mtp:
+        raise SpecdeckError("verify needs a draft model (a preset with one, or --draft), or --draft mtp")
     prompts = load_prompts(Path(args.prompts) if args.prompts else None)
     fetcher = make_fetcher(offline=True)
     target = read_model_info(local_path(fetcher, sel.target))
-    draft = read_model_info(local_path(fetcher, sel.draft))
+    draft = read_model_info(local_path(fetcher, sel.draft)) if sel.draft else None
     hw = detect()
     req = plan_request_of(ctx=args.ctx, ctx_is_user_choice=True, parallel=1, draft_max=args.draft_max)
-    plan = make_plan(target, draft, req, hw, args.ctx)
+    plan = make_plan(target, draft, req, hw, args.ctx, mtp=sel.mtp)
     loaded = load(plan, target, draft, hw.cpu_count, chat_template=chat_template(template_file(args), sel))
     report = EquivalenceReport()
     try:

@@ -25,7 +25,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     target = model_info(fetcher, sel.target)
     draft = model_info(fetcher, sel.draft) if sel.draft else None
     req = plan_request(args)
-    plan = make_plan(target, draft, req, detect(), sel.context)
+    plan = make_plan(target, draft, req, detect(), sel.context, mtp=sel.mtp)
     if args.json:
         out.print_json(json.dumps(plan.to_json()))
     else:

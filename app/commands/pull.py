@@ -15,6 +15,7 @@ from app.commands.common import (
     out,  # noqa: E402
     pull_one,
 )
+from app.models.catalog import MTP
 from app.models.integrity import VerifiedRecords
 from app.settings import paths
 
@@ -85,10 +86,11 @@ def cmd_models(args: argparse.Namespace) -> int:
     for col in ("preset", "target", "draft", "context", "for", "on disk"):
         table.add_column(col)
     for p in catalog.presets.values():
-        names = [p.target] + ([p.draft] if p.draft else [])
+        names = [p.target] + ([p.draft] if p.draft and p.draft != MTP else [])
         have = [fetcher.on_disk(catalog.models[n]) is not None for n in names]
         status = "yes" if all(have) else ("partly" if any(have) else "no")
-        table.add_row(p.name, p.target, p.draft or "-", f"{p.context:,}", p.hardware, status)
+        draft = "the target's MTP head" if p.draft == MTP else p.draft or "-"
+        table.add_row(p.name, p.target, draft, f"{p.context:,}", p.hardware, status)
     out.print(table)
     models = Table(title="models")
     for col in ("model", "source", "size", "sha256", "on disk"):

@@ -71,7 +71,8 @@ def resolve(args: argparse.Namespace, settings: ServeSettings, quiet: bool = Fal
         require_compatible(target, draft)
     embedder = embedding_model(args, catalog, fetcher, sel)
     hw = detect()
-    plan = make_plan(target, draft, plan_request(args, draft_max=settings.draft_max), hw, sel.context, embedder)
+    plan = make_plan(target, draft, plan_request(args, draft_max=settings.draft_max), hw, sel.context, embedder,
+                     mtp=sel.mtp and settings.speculative)
     if not quiet:
         for w in plan.warnings:
             console.print(f"[yellow]warning:[/] {w}")
@@ -85,10 +86,16 @@ def serve_once(args: argparse.Namespace, settings: ServeSettings, start) -> int:
     r = resolve(args, settings)
     start.machine = machine_facts(r.hw)
     console.print(f"serving {r.name} on {settings.scheme}://{settings.host}:{settings.port} (context {r.plan.ctx:,}, "
-                  f"{r.plan.parallel} slots, speculation {'on' if settings.speculative and r.draft else 'lookup only' if settings.speculative else 'off'}"
+                  f"{r.plan.parallel} slots, speculation {speculation_label(settings.speculative, r.draft, r.plan)}"
                   + (f", revision {start.revision}" if start.revision else "") + ")")
     return serve(settings, r.plan, r.target, r.draft, threads(settings.threads, r.hw), r.name, r.embedder, start,
                  r.chat_template)
+
+
+def speculation_label(speculative: bool, draft: ModelInfo | None, plan: Plan) -> str:
+    if not speculative:
+        return "off"
+    return "on, the target's MTP head drafting" if plan.mtp else "on" if draft else "lookup only"
 
 
 @contextlib.contextmanager

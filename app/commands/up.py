@@ -36,7 +36,7 @@ from app.errors import PairError, SpecdeckError
 from app.gguf.info import ModelInfo, read_model_info
 from app.models.refs import Selection, resolve_ref
 from app.plan.hardware import Hardware, detect
-from app.plan.planner import Plan, make_plan
+from app.plan.planner import Plan, make_plan, require_mtp_head
 from app.plan.view import render_plan
 from app.server.settings import ServeSettings
 
@@ -126,20 +126,25 @@ def prepare(args: argparse.Namespace, settings: ServeSettings, steps: Steps) -> 
         r["done"] = "; ".join(f"{role} {g.path.name} ({g.source}, {'hashed now' if g.hashed_now else 'verified earlier'})"
                               for role, g in got.items())
     with steps.step("check the pair", spinner=True) as r:
-        result = check_pair(got["target"].path, got["draft"].path if "draft" in got else None, probe=True)
+        result = check_pair(got["target"].path, got["draft"].path if "draft" in got else None, probe=True,
+                            mtp=sel.mtp and settings.speculative)
+        if sel.mtp and settings.speculative:
+            require_mtp_head(result.target.info)
         for w in result.warnings:
             steps.console.print(f"  [yellow]warning:[/] {w}", soft_wrap=True)
         if result.draft is not None and not result.compatible:
             bad = result.incompatibility
             raise PairError(f"the draft cannot serve the target (rule {bad.rule}): {bad.message}" if bad
                             else "the draft cannot serve the target", hint="pick another draft with --draft")
-        r["done"] = "compatible (llama.cpp's rules)" if result.draft is not None else "target readable (no draft)"
+        r["done"] = ("compatible (llama.cpp's rules)" if result.draft is not None
+                     else f"the target drafts with its MTP head ({result.target.info.n_nextn} layer(s))" if sel.mtp
+                     else "target readable (no draft)")
     with steps.step("plan memory") as r:
         target = read_model_info(got["target"].path)
         draft = read_model_info(got["draft"].path) if "draft" in got else None
         req = plan_request(args, draft_max=settings.draft_max)
         embedder = read_model_info(got["embedding"].path) if "embedding" in got else None
-        plan = make_plan(target, draft, req, hw, sel.context, embedder)
+        plan = make_plan(target, draft, req, hw, sel.context, embedder, mtp=sel.mtp and settings.speculative)
         steps.console.print(render_plan(plan, sel.name))
         r["done"] = f"context {plan.ctx:,}, {plan.parallel} slot(s), {plan.used / 2**30:.2f} of {plan.budget / 2**30:.2f} GiB"
     return Prepared(sel.name, plan, target, draft, hw, embedder,
@@ -165,7 +170,8 @@ def load_and_warm(prep: Prepared, threads: int, settings: ServeSettings, steps: 
             loaded = load(prep.plan, prep.target, prep.draft, threads, adaptive=speculative,
                           suffix_tokens=settings.suffix_tokens, cache_ram_mib=settings.cache_ram, cancel=steps.stop,
                           chat_template=prep.chat_template)
-            r["done"] = f"target n_ctx {loaded.target.n_ctx:,}" + (", draft loaded" if loaded.draft else "") + \
+            drafter = ", MTP head loaded" if prep.plan.mtp else ", draft loaded" if loaded.draft else ""
+            r["done"] = f"target n_ctx {loaded.target.n_ctx:,}" + drafter + \
                         (", speculation costs calibrated" if speculative else "")
         with steps.step("warm up", spinner=True) as r:
             tok = loaded.tokenizer

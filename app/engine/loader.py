@@ -13,6 +13,7 @@ from app.engine.drafters.adaptive import AdaptiveDrafter, adaptive_controller
 from app.engine.drafters.base import Drafter
 from app.engine.drafters.lookup import LookupDrafter
 from app.engine.drafters.model import ModelDrafter
+from app.engine.drafters.mtp import MtpDrafter
 from app.engine.drafters.suffix import SuffixDrafter, SuffixIndex
 from app.engine.engine import Engine
 from app.engine.text import Tokenizer
@@ -29,12 +30,19 @@ class Loaded:
     engine: Engine
     tokenizer: Tokenizer
     target: Context
-    draft: Context | None
+    draft: Context | None  # the draft model's context
+    mtp: MtpDrafter | None = None  # the target's MTP head drafting (its context: mtp.mtp, of the target's model)
 
     def close(self) -> None:
-        for c in (self.target, self.draft):
+        head = None
+        if self.mtp is not None:
+            self.mtp.close()
+            head = self.mtp.mtp
+        for c in (head, self.draft, self.target):
             if c is not None:
                 c.close()
+        for c in (self.draft, self.target):
+            if c is not None:
                 c.model.close()
 
 
@@ -55,8 +63,8 @@ def load(plan: Plan, target: ModelInfo, draft: ModelInfo | None, threads: int, a
     `chat_template`: used in place of the target's own (--chat-template-file)."""
     made: list[Context] = []
 
-    def context(info: ModelInfo, params) -> Context:
-        model = Model(Path(info.path), params.n_gpu_layers, cancel=cancel)
+    def context(info: ModelInfo, params, load_mtp: bool = False) -> Context:
+        model = Model(Path(info.path), params.n_gpu_layers, cancel=cancel, load_mtp=load_mtp)
         try:
             made.append(Context(model, params, threads))
         except BaseException:
@@ -65,26 +73,32 @@ def load(plan: Plan, target: ModelInfo, draft: ModelInfo | None, threads: int, a
         check_cancel(cancel)
         return made[-1]
 
+    mtp = None
     try:
-        tc = context(target, plan.target)
+        tc = context(target, plan.target, load_mtp=plan.mtp is not None)
         dc = context(draft, plan.draft) if draft is not None and plan.draft is not None else None
+        if plan.mtp is not None:
+            mtp = MtpDrafter(tc, Context(tc.model, plan.mtp, threads, mtp_of=tc))
+            made.insert(0, mtp.mtp)
         controller = None
         if adaptive:
             # verify decodes hold up to every slot's last token and drafts: their costs are measured too
-            controller = adaptive_controller(calibrate(tc, dc, min(64, plan.parallel * (plan.draft_max + 1)) - 1,
-                                              stop=cancel.is_set if cancel is not None else None))
+            costs = calibrate(tc, dc, min(64, plan.parallel * (plan.draft_max + 1)) - 1,
+                              stop=cancel.is_set if cancel is not None else None, mtp=mtp)
+            controller = adaptive_controller(costs)
     except BaseException:
         for c in made:
             c.close()
+        for c in made:
             c.model.close()
         raise
     halt = threading.Event()  # the engine's stop, shared with the draft model's catch-up
     drafter = build_drafter("adaptive" if adaptive else "draft", dc, controller, suffix_tokens, halt,
-                            checkpoints_of(plan, dc, 1) if dc is not None else None)
+                            checkpoints_of(plan, dc, 1) if dc is not None else None, mtp=mtp)
     engine = Engine(tc, drafter, plan.parallel, draft_limit=plan.draft_max, costs=controller,
                     saved_bytes=saved_bytes(plan, cache_ram_mib), halt=halt,
                     checkpoints=checkpoints_of(plan, tc, 0))
-    return Loaded(engine, Tokenizer(tc.model, chat_template or target.vocab.chat_template), tc, dc)
+    return Loaded(engine, Tokenizer(tc.model, chat_template or target.vocab.chat_template), tc, dc, mtp)
 
 
 def checkpoints_of(plan: Plan, ctx: Context, which: int) -> Checkpoints:
@@ -105,16 +119,17 @@ DRAFTER_KINDS = ("plain", "draft", "lookup", "suffix", "adaptive")
 
 def build_drafter(kind: str, draft: Context | None, controller: Controller | None = None,
                   suffix_tokens: int = SUFFIX_TOKENS, halt: threading.Event | None = None,
-                  checkpoints: Checkpoints | None = None) -> Drafter | None:
+                  checkpoints: Checkpoints | None = None, mtp: MtpDrafter | None = None) -> Drafter | None:
     """The drafter of one kind, as serve, bench and the equivalence check use it: none (plain
     decoding), the draft model (None without one), prompt lookup, the suffix index over recent
     requests, or all three behind the controller (the suffix index only if `suffix_tokens` > 0).
     `halt`: the engine's stop event, which also stops the draft model catching up over a prompt.
-    `checkpoints`: the draft model's context checkpoints (none by default)."""
+    `checkpoints`: the draft model's context checkpoints (none by default). `mtp`: the target's MTP
+    head drafts in the draft model's place."""
     if kind == "plain":
         return None
     if kind == "draft":
-        return ModelDrafter(draft, halt=halt, checkpoints=checkpoints) if draft else None
+        return mtp or (ModelDrafter(draft, halt=halt, checkpoints=checkpoints) if draft else None)
     if kind == "lookup":
         return LookupDrafter()
     if kind == "suffix":
@@ -123,6 +138,6 @@ def build_drafter(kind: str, draft: Context | None, controller: Controller | Non
         if controller is None:
             raise ValueError("the adaptive drafter needs a controller")
         suffix = SuffixDrafter(SuffixIndex(suffix_tokens)) if suffix_tokens > 0 else None
-        model = ModelDrafter(draft, halt=halt, checkpoints=checkpoints) if draft else None
+        model = mtp or (ModelDrafter(draft, halt=halt, checkpoints=checkpoints) if draft else None)
         return AdaptiveDrafter(controller, LookupDrafter(), model, suffix)
     raise ValueError(f"unknown drafter kind {kind!r} (one of {', '.join(DRAFTER_KINDS)})")

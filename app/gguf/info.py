@@ -84,6 +84,15 @@ class ModelInfo:
     metadata: dict[str, Any]
     tensors: tuple[TensorInfo, ...]
     vocab: VocabInfo = field(repr=False)
+    n_nextn: int = 0  # MTP (nextn) blocks: the last n_nextn of the n_layers blocks, loaded only to draft with
+
+    @property
+    def n_trunk(self) -> int:
+        """The blocks a forward pass runs (all but the MTP blocks)."""
+        return self.n_layers - self.n_nextn
+
+    def is_nextn(self, layer: int) -> bool:
+        return layer >= self.n_trunk
 
     @property
     def tensor_bytes(self) -> int:
@@ -163,12 +172,12 @@ def _swa_layers(arch: str, meta: dict[str, Any], n_layers: int) -> tuple[bool, .
     return tuple(i % n < n - 1 for i in range(n_layers))
 
 
-def _recurrent_layers(arch: str, meta: dict[str, Any], n_layers: int) -> tuple[bool, ...]:
+def _recurrent_layers(arch: str, meta: dict[str, Any], n_layers: int, n_nextn: int = 0) -> tuple[bool, ...]:
     if arch in RECURRENT_ONLY_ARCHS:
         return (True,) * n_layers
     interval = meta.get(f"{arch}.full_attention_interval")
-    if interval:
-        return tuple((i + 1) % int(interval) != 0 for i in range(n_layers))
+    if interval:  # MTP blocks after the trunk are attention blocks
+        return tuple(i < n_layers - n_nextn and (i + 1) % int(interval) != 0 for i in range(n_layers))
     return (False,) * n_layers
 
 
@@ -228,7 +237,10 @@ def read_model_info(path: str | os.PathLike[str], file_size: int | None = None) 
         head_count = key("attention.head_count", 0)
         n_head = int(max(head_count) if isinstance(head_count, tuple) else head_count)
         kv = _per_layer(key("attention.head_count_kv"), n_layers, n_head)
-        recurrent = _recurrent_layers(arch, meta, n_layers)
+        n_nextn = int(key("nextn_predict_layers", 0))
+        if not 0 <= n_nextn <= n_layers:
+            raise GGUFError(f"{path}: nextn_predict_layers {n_nextn} is not within block_count {n_layers}")
+        recurrent = _recurrent_layers(arch, meta, n_layers, n_nextn)
         kv = tuple(0 if r else h for h, r in zip(kv, recurrent))
         head_dim = n_embd // n_head if n_head else 0
         ff = key("feed_forward_length")
@@ -256,6 +268,7 @@ def read_model_info(path: str | os.PathLike[str], file_size: int | None = None) 
             metadata={k: v for k, v in meta.items() if not isinstance(v, tuple) or len(v) <= 64},
             tensors=tensors,
             vocab=_vocab(meta),
+            n_nextn=n_nextn,
         )
     except (TypeError, ValueError) as e:
         raise GGUFError(f"{path}: unexpected header values for '{arch}': {e}") from None

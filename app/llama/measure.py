@@ -65,22 +65,26 @@ def measure(
     n_rs_seq: int = 0,
     n_gpu_layers: int = 0,
     no_alloc: bool = False,
+    mtp: bool = False,
 ) -> Allocation:
     """Load `path`, create a context with these parameters, free both; return what llama.cpp allocated.
 
     With `no_alloc`, llama.cpp reads no tensor data and reports the model and KV buffers as 0, but
     still really allocates (and reports) the recurrent state and output buffer, and sizes the
-    compute buffer from its first prompt graph.
-    """
+    compute buffer from its first prompt graph. With `mtp`, the model is loaded with its MTP layers
+    and an MTP context is made beside the target's: what that context allocates is returned under
+    kinds prefixed "mtp " ("mtp KV", "mtp compute", "mtp output")."""
     with capture_llama_log() as lines:
         mp = llama_cpp.llama_model_default_params()
         mp.n_gpu_layers = n_gpu_layers
+        mp.load_mtp = mtp
         if no_alloc:  # read the header, simulate the allocations: works on files without tensor data
             mp.no_alloc = True
             mp.load_mode = llama_cpp.LLAMA_LOAD_MODE_NONE
         model = llama_cpp.llama_model_load_from_file(str(path).encode(), mp)
         if not model:
             raise SpecdeckError(f"{path}: llama.cpp could not load the model")
+        made = []
         try:
             cp = llama_cpp.llama_context_default_params()
             cp.n_ctx, cp.n_batch, cp.n_ubatch = n_ctx, n_batch, n_ubatch
@@ -90,10 +94,23 @@ def measure(
                 llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attn else llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
             )
             cp.n_threads = cp.n_threads_batch = 1
-            ctx = llama_cpp.llama_init_from_model(model, cp)
-            if not ctx:
+            made.append(llama_cpp.llama_init_from_model(model, cp))
+            if not made[-1]:
                 raise SpecdeckError(f"{path}: llama.cpp could not create a context with n_ctx={n_ctx}")
-            llama_cpp.llama_free(ctx)
+            if mtp:
+                n_target_lines = len(lines)
+                cp.ctx_type, cp.ctx_other, cp.n_rs_seq = llama_cpp.LLAMA_CONTEXT_TYPE_MTP, made[0], 0
+                made.append(llama_cpp.llama_init_from_model(model, cp))
+                if not made[-1]:
+                    raise SpecdeckError(f"{path}: llama.cpp could not create an MTP context")
         finally:
+            for ctx in reversed(made):
+                if ctx:
+                    llama_cpp.llama_free(ctx)
             llama_cpp.llama_model_free(model)
-    return parse_allocation(lines)
+    if not mtp:
+        return parse_allocation(lines)
+    alloc = parse_allocation(lines[:n_target_lines])
+    for kind, bufs in parse_allocation(lines[n_target_lines:]).by_kind.items():
+        alloc.by_kind[f"mtp {kind}"] = bufs
+    return alloc

@@ -92,6 +92,9 @@ class ModelSpec(_Strict):
         return f"{self.repo}/{self.file}" if self.repo else self.file
 
 
+MTP = "mtp"  # as a preset's draft (or --draft): the target's own MTP (nextn) head drafts
+
+
 class Preset(_Strict):
     name: str
     description: str
@@ -114,7 +117,7 @@ class Catalog(_Strict):
     def _references_resolve(self) -> Catalog:
         for p in self.presets.values():
             for role, ref in (("target", p.target), ("draft", p.draft)):
-                if ref is not None and ref not in self.models:
+                if ref is not None and ref not in self.models and not (role == "draft" and ref == MTP):
                     raise ValueError(f"preset '{p.name}' {role} '{ref}' is not a model in [models]")
         for d in (self.default_gpu_preset, self.default_cpu_preset):
             if d not in self.presets:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from app.errors import CatalogError
-from app.models.catalog import Catalog, ModelSpec
+from app.models.catalog import MTP, Catalog, ModelSpec
 
 HF_URI = re.compile(r"^hf://(?P<repo>[^/@\s]+/[^/@\s]+)/(?P<file>[^@\s]+?)(?:@(?P<rev>[^@\s/]+))?$")
 
@@ -58,29 +58,37 @@ class Selection:
     context: int | None = None
     embedding: ModelRef | None = None  # an optional embedding model served beside the pair
     chat_template_file: Path | None = None  # the preset's chat template in place of the target's own
+    mtp: bool = False  # the target's own MTP (nextn) head drafts (--draft mtp), no draft model
 
 
 def select(
     catalog: Catalog, name: str | None, target: str | None, draft: str | None, default: Callable[[], str]
 ) -> Selection:
-    """Turn `NAME` or `--target/--draft` into a Selection. NAME may be a preset, a model or hf:// URI."""
-    if name and (target or draft):
-        raise CatalogError("give either a preset name or --target/--draft, not both")
+    """Turn `NAME` or `--target/--draft` into a Selection. NAME may be a preset, a model or hf:// URI.
+    `--draft mtp` drafts with the target's own MTP head: with --target, or with NAME (a preset's draft
+    model is then not used)."""
+    mtp = draft == MTP
+    if name and (target or draft) and not (mtp and not target):
+        raise CatalogError("give either a preset name or --target/--draft, not both",
+                           hint="--draft mtp may go with a preset name")
     if target:
-        return Selection("custom", resolve_ref(target, catalog), resolve_ref(draft, catalog) if draft else None)
-    if draft:
+        return Selection("custom", resolve_ref(target, catalog), resolve_ref(draft, catalog) if draft and not mtp else None,
+                         mtp=mtp)
+    if draft and not mtp:
         raise CatalogError("--draft needs --target")
     name = name or default()
     if name in catalog.presets:
         p = catalog.presets[name]
+        mtp = mtp or p.draft == MTP
         return Selection(
             name,
             ModelRef(spec=catalog.models[p.target]),
-            ModelRef(spec=catalog.models[p.draft]) if p.draft else None,
+            ModelRef(spec=catalog.models[p.draft]) if p.draft and not mtp else None,
             p.context,
             ModelRef(spec=catalog.models[p.embedding]) if p.embedding else None,
             catalog.source.parent / p.chat_template_file if p.chat_template_file else None,
+            mtp=mtp,
         )
     if name in catalog.models or name.startswith("hf://"):
-        return Selection(name, resolve_ref(name, catalog), None)
+        return Selection(name, resolve_ref(name, catalog), None, mtp=mtp)
     raise CatalogError(f"unknown preset '{name}'", hint=f"known presets: {', '.join(sorted(catalog.presets))}")

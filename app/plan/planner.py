@@ -21,10 +21,10 @@ from app.gguf.info import ModelInfo
 from app.llama.params import ModelParams
 from app.plan import terms as M
 from app.plan.hardware import Hardware
+from app.plan.rows import Device, Term, extra_copies, model_terms, mtp_terms
 
 MiB, GiB = M.MiB, M.GiB
 MIN_CTX = 4096
-Device = Literal["cuda", "cpu"]
 
 
 class PlanError(SpecdeckError):
@@ -82,14 +82,6 @@ class PlanRequest(BaseModel):
         return self
 
 
-@dataclass(frozen=True)
-class Term:
-    name: str
-    bytes: int
-    where: Literal["device", "host"]
-    note: str = ""
-
-
 @dataclass
 class Plan:
     device: Device
@@ -110,6 +102,7 @@ class Plan:
     checkpoints: int = 0
     checkpoint_bytes: tuple[int, int] = (0, 0)
     checkpoint_min_step: int = CHECKPOINT_MIN_STEP
+    mtp: ModelParams | None = None  # the target's MTP head's context (--draft mtp), made from the target's model
 
     @property
     def used(self) -> int:
@@ -140,6 +133,7 @@ class Plan:
             "terms": [{**asdict(t), "share": t.bytes / self.budget if t.where == "device" else None} for t in self.terms],
             "target": asdict(self.target),
             "draft": asdict(self.draft) if self.draft else None,
+            "mtp": asdict(self.mtp) if self.mtp else None,
             "embedding": asdict(self.embedding) if self.embedding else None,
             "checkpoints": {"per_slot": self.checkpoints, "bytes": {"target": self.checkpoint_bytes[0],
                                                                     "draft": self.checkpoint_bytes[1]},
@@ -174,39 +168,6 @@ def safety_margin(budget: int) -> int:
     return max(256 * MiB, budget // 50)
 
 
-EXTRA_COPY_LABELS = {"CPU_REPACK": ("CPU repack copy", "Q4 matmul weights, repacked for AVX2"),
-                     "AMX": ("AMX copy", "matmul weights packed for AMX tiles")}
-
-
-def _extra_copies(role: str, info: ModelInfo, ngl: int, buffers: tuple[str, ...], where: Literal["device", "host"],
-                  note: str | None = None) -> list[Term]:
-    """One term per extra CPU buffer the build has (none for a build without AMX or repacking)."""
-    return [Term(f"{role} {EXTRA_COPY_LABELS[b][0]}", n, where, note or EXTRA_COPY_LABELS[b][1])
-            for b, n in M.cpu_extra_bytes(info, ngl, buffers).items()]
-
-
-def _model_terms(role: str, info: ModelInfo, cs: M.ContextShape, ngl: int, device: Device,
-                 buffers: tuple[str, ...]) -> list[Term]:
-    if device == "cpu":
-        out = [Term(f"{role} weights", M.data_bytes(info), "device", f"{info.quantization}, mapped")]
-        out += _extra_copies(role, info, 0, buffers, "device")
-    else:
-        gpu, host = M.weight_placement(info, ngl)
-        out = [Term(f"{role} weights", gpu, "device", f"{info.quantization}, {min(ngl, info.n_layers + 1)}/{info.n_layers + 1} layers"),
-               Term(f"{role} weights on host", host, "host", "token_embd" + (" + CPU layers" if ngl <= info.n_layers else ""))]
-    kv_note = f"{cs.n_ctx:,} cells, K {cs.type_k}, V {cs.type_v}"
-    if info.n_swa_layers:
-        kv_note += f", {info.n_swa_layers} sliding-window layers"
-    out.append(Term(f"{role} KV cache", M.kv_bytes(info, cs), "device", kv_note))
-    if info.n_recurrent_layers:
-        out.append(Term(f"{role} recurrent state", M.recurrent_state_bytes(info, cs), "device",
-                        f"{info.n_recurrent_layers} layers x {cs.n_seq} slots x (1 + {cs.n_rs_seq} rollback snapshots)"))
-    out.append(Term(f"{role} compute buffer", M.compute_bytes(info, cs), "device", f"n_ubatch {cs.n_ubatch}"))
-    out.append(Term(f"{role} output buffer", M.output_bytes(info, cs), "host" if device == "cuda" else "device",
-                    f"{cs.n_outputs} logits rows x {cs.n_seq} slots"))
-    return out
-
-
 def _shape(info: ModelInfo, c: Candidate, n_rs_seq: int, n_outputs: int) -> M.ContextShape:
     return M.context_shape(c.ctx, c.parallel, c.type_k, c.type_v, n_ubatch=c.n_ubatch, flash_attn=c.flash_attn,
                            n_rs_seq=n_rs_seq if info.n_recurrent_layers else 0, n_outputs=n_outputs)
@@ -225,25 +186,31 @@ def embedding_shape(info: ModelInfo) -> M.ContextShape:
 
 def evaluate(target: ModelInfo, draft: ModelInfo | None, c: Candidate, device: Device, budget: int,
              budget_source: str, reserve: int, margin: int, host_available: int, ctx_wanted: int,
-             buffers: tuple[str, ...] = ("CPU_REPACK",), embedder: ModelInfo | None = None) -> Plan:
-    """The full budget for one candidate: every term, and whether it fits."""
+             buffers: tuple[str, ...] = ("CPU_REPACK",), embedder: ModelInfo | None = None, mtp: bool = False) -> Plan:
+    """The full budget for one candidate: every term, and whether it fits. `mtp`: the target's MTP
+    head drafts (no draft model)."""
     t_ngl = target.n_layers + 1 if c.n_gpu_layers is None else c.n_gpu_layers
     t_cs = _shape(target, c, c.draft_max, c.draft_max + 1)
-    terms = _model_terms("target", target, t_cs, t_ngl if device == "cuda" else 0, device, buffers)
+    terms = model_terms("target", target, t_cs, t_ngl if device == "cuda" else 0, device, buffers)
     d_params = None
     if draft is not None:
         d_cs = _shape(draft, c, c.draft_max, 1)
-        terms += _model_terms("draft", draft, d_cs, draft.n_layers + 1 if device == "cuda" else 0, device, buffers)
+        terms += model_terms("draft", draft, d_cs, draft.n_layers + 1 if device == "cuda" else 0, device, buffers)
         d_params = ModelParams(d_cs.n_ctx, d_cs.n_batch, d_cs.n_ubatch, c.parallel, True, c.type_k, c.type_v,
                                c.flash_attn, False, d_cs.n_rs_seq, draft.n_layers + 1 if device == "cuda" else 0)
+    m_params = None
+    if mtp:
+        terms += mtp_terms(target, t_cs, device)
+        m_params = ModelParams(t_cs.n_ctx, t_cs.n_batch, t_cs.n_ubatch, c.parallel, True, c.type_k, c.type_v,
+                               c.flash_attn, False, 0, t_ngl if device == "cuda" else 0)
     e_params = None
     if embedder is not None:
         e_cs, e_ngl = embedding_shape(embedder), embedder.n_layers + 1 if device == "cuda" else 0
-        terms += [t for t in _model_terms("embedding", embedder, e_cs, e_ngl, device, buffers) if t.bytes]
+        terms += [t for t in model_terms("embedding", embedder, e_cs, e_ngl, device, buffers) if t.bytes]
         e_params = ModelParams(e_cs.n_ctx, e_cs.n_batch, e_cs.n_ubatch, 1, True, "f16", "f16", True, False, 0, e_ngl,
                                embeddings=True)
     if device == "cuda" and c.n_gpu_layers is not None and c.n_gpu_layers <= target.n_layers:
-        terms += _extra_copies("target", target, t_ngl, buffers, "host", "CPU layers")
+        terms += extra_copies("target", target, t_ngl, buffers, "host", "CPU layers")
     ck = (M.checkpoint_bytes(target, t_cs), M.checkpoint_bytes(draft, d_cs) if draft is not None else 0)
     if c.checkpoints and sum(ck):
         terms.append(Term("context checkpoints", c.checkpoints * c.parallel * sum(ck), "host" if device == "cuda" else "device",
@@ -255,7 +222,7 @@ def evaluate(target: ModelInfo, draft: ModelInfo | None, c: Candidate, device: D
                            c.type_v, c.flash_attn, False, t_cs.n_rs_seq, t_ngl if device == "cuda" else 0)
     plan = Plan(device, budget, budget_source, terms, False, c.ctx, ctx_wanted, c.parallel, c.draft_max,
                 t_params, d_params, host_available, embedding=e_params, checkpoints=c.checkpoints if sum(ck) else 0,
-                checkpoint_bytes=ck if c.checkpoints else (0, 0))
+                checkpoint_bytes=ck if c.checkpoints else (0, 0), mtp=m_params)
     plan.fits = plan.used <= budget and (device == "cpu" or plan.host_used <= host_available)
     return plan
 
@@ -320,8 +287,11 @@ def _budget(req: PlanRequest, hw: Hardware) -> tuple[Device, int, str, int, int]
 
 
 def make_plan(target: ModelInfo, draft: ModelInfo | None, req: PlanRequest, hw: Hardware, preset_ctx: int | None,
-              embedder: ModelInfo | None = None) -> Plan:
-    """The best plan that fits, or a PlanError that says the largest context that does and what to change."""
+              embedder: ModelInfo | None = None, mtp: bool = False) -> Plan:
+    """The best plan that fits, or a PlanError that says the largest context that does and what to
+    change. `mtp`: the target's own MTP head drafts (--draft mtp)."""
+    if mtp:
+        require_mtp_head(target)
     device, budget, source, reserve, margin = _budget(req, hw)
     ctx_wanted = req.ctx or preset_ctx or min(target.context_length or 32768, 32768)
     _check_request(req, target, draft, device, ctx_wanted)
@@ -338,7 +308,7 @@ def make_plan(target: ModelInfo, draft: ModelInfo | None, req: PlanRequest, hw: 
             if not usable(tk, tv, fa):
                 continue
             p = evaluate(target, draft, Candidate(ctx, tk, tv, par, ub, dm, ngl, fa, req.ctx_checkpoints), device, budget, source,
-                         reserve, margin, req.ram or hw.ram_available, ctx_wanted, hw.cpu_buffers, embedder)
+                         reserve, margin, req.ram or hw.ram_available, ctx_wanted, hw.cpu_buffers, embedder, mtp)
             if p.fits:
                 p.checkpoint_min_step = req.checkpoint_min_step
                 return p
@@ -363,7 +333,7 @@ def make_plan(target: ModelInfo, draft: ModelInfo | None, req: PlanRequest, hw: 
     worst = evaluate(target, draft, Candidate(ctx_wanted, *usable_kv[-1], parallel[-1], ubatch[-1], dmax[-1], ngl,
                                               compact_fa, req.ctx_checkpoints),
                      device, budget, source, reserve, margin, req.ram or hw.ram_available, ctx_wanted, hw.cpu_buffers,
-                     embedder)
+                     embedder, mtp)
     short = worst.used - budget
     what = (f"the largest context that fits is {largest:,} tokens (--ctx {largest})" if largest >= 256
             else "even the weights do not fit")
@@ -372,6 +342,13 @@ def make_plan(target: ModelInfo, draft: ModelInfo | None, req: PlanRequest, hw: 
         f"({short / GiB:.2f} GiB over) with the most compact settings; {what}",
         hint="use a smaller --ctx, a smaller model or draft, a bigger --vram/--ram, or a lower --parallel",
     )
+
+
+def require_mtp_head(target: ModelInfo) -> None:
+    """--draft mtp on a target without nextn layers: one line naming the file."""
+    if not target.n_nextn:
+        raise PlanError(f"--draft mtp: {target.path.name} has no MTP (nextn) layers to draft with",
+                        hint="use a file with them (Qwen3.6-27B's: the qwen3.6-27b-mtp preset), or give a draft model")
 
 
 def _largest_ctx(fits, upper: int) -> int:

@@ -87,10 +87,11 @@ def kv_cells(info: ModelInfo, layer: int, cs: ContextShape) -> int:
     return cs.n_ctx
 
 
-def kv_bytes(info: ModelInfo, cs: ContextShape) -> int:
-    """Target or draft KV cache: K and V for every attention layer."""
+def kv_bytes(info: ModelInfo, cs: ContextShape, nextn: bool = False) -> int:
+    """Target or draft KV cache: K and V for every attention layer of the trunk; `nextn`: of the MTP
+    blocks instead (an MTP context's cache holds only theirs)."""
     total = 0
-    for il in range(info.n_layers):
+    for il in (range(info.n_trunk, info.n_layers) if nextn else range(info.n_trunk)):
         heads = info.n_head_kv[il]
         if not heads:
             continue
@@ -159,6 +160,11 @@ def data_bytes(info: ModelInfo) -> int:
     the unexplained bytes count as weights too, so a plan built on it never comes out short.
     """
     return max(info.tensor_bytes, info.file_size - info.data_offset)
+
+
+def nextn_bytes(info: ModelInfo) -> int:
+    """The MTP blocks' weights: llama.cpp loads them only for an MTP draft context (load_mtp)."""
+    return sum(t.n_bytes for t in info.tensors if (layer := _layer_of(t.name)) is not None and info.is_nextn(layer))
 
 
 def _unexplained(info: ModelInfo) -> int:

@@ -37,18 +37,17 @@ def render_plan(plan: Plan, title: str) -> Group:
         parts.append(h)
     p = Table(title="llama.cpp parameters")
     p.add_column("")
-    p.add_column("target")
-    if plan.draft:
-        p.add_column("draft")
+    columns = [("target", plan.target), ("draft", plan.draft), ("MTP head", plan.mtp)]
+    for name, params in columns:
+        if params:
+            p.add_column(name)
     for key in ("n_ctx", "n_batch", "n_ubatch", "n_seq_max", "kv_unified", "type_k", "type_v", "flash_attn",
                 "swa_full", "n_rs_seq", "n_gpu_layers"):
-        row = [key, str(getattr(plan.target, key))]
-        if plan.draft:
-            row.append(str(getattr(plan.draft, key)))
-        p.add_row(*row)
+        p.add_row(key, *[str(getattr(params, key)) for _, params in columns if params])
     parts.append(p)
     summary = (f"context {plan.ctx:,} tokens (wanted {plan.ctx_wanted:,}), {plan.parallel} slot(s) sharing one "
-               f"KV pool, up to {plan.draft_max} drafted tokens per step")
+               f"KV pool, up to {plan.draft_max} drafted tokens per step"
+               + (" (the target's MTP head drafts)" if plan.mtp else ""))
     parts.append(Text(summary))
     for w in plan.warnings:
         parts.append(Text.from_markup(f"[yellow]warning:[/] {w}"))

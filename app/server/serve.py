@@ -35,7 +35,8 @@ log = logging.getLogger("specdeck.server")
 
 def build_service(plan: Plan, target: ModelInfo, draft: ModelInfo | None, model_id: str) -> Service:
     return Service(model_id=model_id, n_ctx=plan.ctx, speculative_default=True,
-                   plan=plan, models={"target": str(target.path), "draft": str(draft.path) if draft else None},
+                   plan=plan, models={"target": str(target.path),
+                                      "draft": str(draft.path) if draft else "mtp" if plan.mtp else None},
                    details=model_details(target))
 
 

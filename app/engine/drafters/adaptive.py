@@ -12,6 +12,7 @@ from app.engine.controller import Candidate, Choice, Controller, CostModel
 from app.engine.drafters.base import Ask, Draft, DrafterBase, Why
 from app.engine.drafters.lookup import LOOKUP_PRIORS, LookupDrafter, lookup_key
 from app.engine.drafters.model import ModelDrafter
+from app.engine.drafters.mtp import MtpDrafter
 from app.engine.drafters.resume import Resume, resume_key
 from app.engine.drafters.suffix import SUFFIX_PRIORS, Match, SuffixDrafter, suffix_key
 from app.engine.sampling import SamplingParams
@@ -21,12 +22,13 @@ class AdaptiveDrafter(DrafterBase):
     """Text found earlier first (free): prompt lookup in the request, or the suffix index over
     recent requests where it matches deeper, or, right after the answer parted from such a text, that
     text picked up again (`Resume`); else the draft model; each only with the draft length the
-    controller expects to beat plain decoding on this machine (often none)."""
+    controller expects to beat plain decoding on this machine (often none). The model drafter is a
+    draft model or the target's MTP head; the controller learns it under its name."""
 
     name = "adaptive"
     LOOKUP_COST = 2e-5  # seconds per proposed token: a dictionary lookup
 
-    def __init__(self, controller: Controller, lookup: LookupDrafter | None, model: ModelDrafter | None,
+    def __init__(self, controller: Controller, lookup: LookupDrafter | None, model: ModelDrafter | MtpDrafter | None,
                  suffix: SuffixDrafter | None = None) -> None:
         """`controller`: one made by `adaptive_controller` (it knows this drafter's keys and groups)."""
         self.controller = controller
@@ -73,7 +75,7 @@ class AdaptiveDrafter(DrafterBase):
             if better:
                 found, (cands, choices) = alt_found, better
         if self.model is not None:  # where lookup got nothing, would the draft model be taken instead?
-            alt = [self._model_candidate(a) if c.key != "draft-model" and ch.k == 0 and a.k > 0
+            alt = [self._model_candidate(a) if c.key != self.model.name and ch.k == 0 and a.k > 0
                    else c for a, c, ch in zip(asks, cands, choices)]
             if alt != cands:
                 cands, choices = self._better(choices, alt) or (cands, choices)
@@ -128,7 +130,7 @@ class AdaptiveDrafter(DrafterBase):
     def _model_candidate(self, a: Ask) -> Candidate:
         """The draft model, with what catching up with this sequence's history costs first."""
         setup = self.controller.costs.catch_up(self.model.behind(a.seq, a.history))
-        return Candidate(None, "draft-model", a.k, self._model_cost(), setup)
+        return Candidate(None, self.model.name, a.k, self._model_cost(), setup)
 
     def _candidate(self, a: Ask, found: tuple[str, Match]) -> Candidate:
         source, m = found
@@ -140,12 +142,13 @@ class AdaptiveDrafter(DrafterBase):
 
     def _draft(self, a: Ask, x: Candidate, choice: Choice, found: tuple[str, Match]) -> Draft:
         source, m = found
-        if m.tokens and (choice.k <= 0 or x.key == "draft-model"):  # scored against the next step's history
+        drafts_model = self.model is not None and x.key == self.model.name
+        if m.tokens and (choice.k <= 0 or drafts_model):  # scored against the next step's history
             self._shadow[a.seq] = (text_key(source, m), len(a.history), m.tokens)
         why = Why(choice.alpha, choice.gain, choice.reason)
         if choice.k <= 0 or x.key == "none":
             return Draft([], source="none", why=why)
-        if x.key != "draft-model":
+        if not drafts_model:
             self._proposed[a.seq] = (len(a.history), m.tokens)
             return Draft(m.tokens[: choice.k], None, source=source, match_len=m.depth, support=m.count, why=why)
         behind = self.model.behind(a.seq, a.history)

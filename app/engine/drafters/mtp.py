@@ -53,9 +53,20 @@ class MtpDrafter(DrafterBase):
         self.last: dict[int, tuple[int, np.ndarray]] = {}  # per sequence: (position, target hidden state there)
         self.rows: dict[int, tuple[int, np.ndarray]] = {}  # per sequence: its last verify batch's (first position, states)
         self._samplers = DraftSamplers(mtp.model.n_vocab)
+        self.draft_seconds = 0.0  # in llama.cpp drafting (its evaluation after each target decode not counted)
         nextn.emit_hidden(target.ptr, masked=False)
         nextn.emit_hidden(mtp.ptr, masked=True)
-        target.after_decode = self._follow
+        self.follow(True)
+
+    def follow(self, on: bool) -> None:
+        """Follow the target's decodes (from now on), or stop: a benchmark's modes that do not draft
+        with the head do not pay for its evaluation. Stopping empties the head's cache (what the
+        target decodes meanwhile will not be in it)."""
+        self.target.after_decode = self._follow if on else None
+        if not on and self.mtp.ptr:
+            self.mtp.clear()
+            self.last.clear()
+            self.rows.clear()
 
     # -- following the target -----------------------------------------------------------------
 
@@ -122,10 +133,13 @@ class MtpDrafter(DrafterBase):
         for j in range(k):
             self.batch.clear()
             self.batch.add(token, pos + j, seq, state, True)
+            before = self.mtp.decode_seconds
             try:
                 self.mtp.process(self.batch)
             except DecodeError:  # the head's pool is full: a shorter draft (the target goes on alone)
                 break
+            finally:
+                self.draft_seconds += self.mtp.decode_seconds - before
             token = pick(self.mtp.logits(0), draft, sampler, rng, self.p_min, confident=j >= self.n_min)
             if token is None:
                 break
@@ -152,8 +166,7 @@ class MtpDrafter(DrafterBase):
         self.mtp.seq_rm(seq, 0, -1)
 
     def close(self) -> None:
-        if self.target.after_decode == self._follow:
-            self.target.after_decode = None
+        self.follow(False)
         self.batch.close()
 
 
