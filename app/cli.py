@@ -127,6 +127,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_flags(p, PlanRequest, ("ctx",), defaults={"ctx": 4096})
     add_flags(p, ServeSettings, ("threads", "chat_template_file"))
     p.add_argument("--no-anchors", action="store_true", help="skip llama-server")
+    p.add_argument("--f32-target", action="store_true",
+                   help="the target rewritten as F32 (built once into the cache with llama_model_quantize, SHA-256 "
+                        "recorded): the same weights, a decode that costs many draft tokens as a 27B's does on a "
+                        "card; llama-server's anchors are then draft-simple at n-max 3, 8 and 16 and its n-gram modes")
     p.add_argument("--workload", choices=("builtin", "agent"), default="builtin",
                    help="the built-in prompts, each alone (default), or the agent workload: coding sessions replayed in order")
     p.add_argument("--json", action="store_true", help="print the result as one JSON object")

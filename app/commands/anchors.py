@@ -22,6 +22,13 @@ ANCHORS = {
                            "--spec-draft-p-min", str(ANCHOR_P_MIN)],
     "llama_server_lookup": ["--spec-type", "ngram-simple"],
 }
+CARD_ANCHORS = {  # the card's regime (bench --f32-target): draft-simple at three lengths, the n-gram modes
+    "llama_server_plain": [],
+    **{f"llama_server_draft_n{n}": ["--spec-type", "draft-simple", "-md", "{draft}", "--spec-draft-n-max", str(n),
+                                    "--spec-draft-p-min", str(ANCHOR_P_MIN)] for n in (3, 8, 16)},
+    "llama_server_ngram_simple": ["--spec-type", "ngram-simple"],
+    "llama_server_ngram_map_k": ["--spec-type", "ngram-map-k"],
+}
 AGENT_ANCHORS = {  # the agent workload: plain and llama-server's three n-gram modes (the best is the anchor)
     "llama_server_plain": [],
     "llama_server_ngram_simple": ["--spec-type", "ngram-simple"],

@@ -20,13 +20,16 @@ from rich.table import Table
 from app.commands.anchors import (
     AGENT_ANCHORS,
     ANCHORS,
+    CARD_ANCHORS,
     AnchorServers,
     find_llama_server,
 )
 from app.commands.benchruns import (
     AGENT_MAX_TOKENS,
     AGENT_MODES,
+    CARD_MODES,
     MAX_TOKENS,
+    MODES,
     answers_unlike_plain,
     run_agent,
     run_engine,
@@ -47,6 +50,7 @@ from app.commands.ratios import agent_ratios, ratios, workload_per_decode
 from app.commands.workloads import agent_turns
 from app.errors import SpecdeckError
 from app.gguf.info import read_model_info
+from app.models.derived import f32_standin
 from app.plan.hardware import detect
 from app.plan.planner import make_plan
 
@@ -68,9 +72,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
         raise SpecdeckError(f"--max-tokens must be at least 1, not {max_tokens}")
     template = chat_template(template_file(args), sel)  # read (and a bad one refused) before anything starts
     fetcher = make_fetcher(offline=True)
-    target = read_model_info(local_path(fetcher, sel.target))
-    draft = read_model_info(local_path(fetcher, sel.draft)) if sel.draft else None
     hw = detect()
+    target_path = local_path(fetcher, sel.target)
+    if getattr(args, "f32_target", False):
+        target_path = f32_standin(target_path, fetcher.paths.store, fetcher.records, threads(args.threads, hw), say=console.print)
+    target = read_model_info(target_path)
+    draft = read_model_info(local_path(fetcher, sel.draft)) if sel.draft else None
     plan = make_plan(target, draft, plan_request_of(ctx=args.ctx, ctx_is_user_choice=True, parallel=1, draft_max=16), hw, args.ctx,
                      mtp=sel.mtp)
     n_threads = threads(args.threads, hw)
@@ -82,7 +89,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     elif not args.no_anchors:
         log("anchors: no llama-server found (scripts/build_llama_server.sh builds one)")
     servers = (AnchorServers(server, target.path, draft.path if draft else None, n_threads, plan.ctx,
-                             AGENT_ANCHORS if agent else ANCHORS, plan.target.flash_attn)
+                             AGENT_ANCHORS if agent else CARD_ANCHORS if getattr(args, "f32_target", False) else ANCHORS,
+                             plan.target.flash_attn)
                if server else contextlib.nullcontext(None))
     with servers as up:
         loaded = load(plan, target, draft, n_threads, chat_template=template)
@@ -95,7 +103,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
                 workloads, costs, per_decode, totals = run_agent(loaded, prompts, max_tokens, args.repeats, log=log,
                                                                  anchors=up)
             else:
-                workloads, costs, anchors = run_engine(loaded, prompts, max_tokens, args.repeats, log=log, anchors=up)
+                modes = CARD_MODES if getattr(args, "f32_target", False) else MODES
+                workloads, costs, anchors = run_engine(loaded, prompts, max_tokens, args.repeats, modes=modes, log=log,
+                                                       anchors=up)
         finally:
             loaded.close()
     if agent:
@@ -107,25 +117,53 @@ def cmd_bench(args: argparse.Namespace) -> int:
         out.print_json(json.dumps(result)) if args.json else print_agent(result)
         return 0
     anchor_runs = anchors.pop("runs", {})
-    result = {"workloads": workloads, "anchors": anchors, "anchor_runs": anchor_runs,
+    anchor_tpd = anchors.pop("tokens_per_decode", {})
+    result = {"workloads": workloads, "anchors": anchors, "anchor_runs": anchor_runs, "anchor_tokens_per_decode": anchor_tpd,
               "ratios": ratios(workloads, anchor_runs), "answers_unlike_plain": answers_unlike_plain(workloads),
               "costs": costs,
               "threads": n_threads, "max_tokens": max_tokens, "repeats": args.repeats}
     if args.json:
         out.print_json(json.dumps(result))
     else:
-        table = Table(title="tokens/s (median of repeats)")
-        for col in ("workload", "plain", "draft", "lookup", "adaptive", "adaptive / plain", "server plain", "server draft", "server lookup"):
-            table.add_column(col, justify="right")
-        for kind, modes in workloads.items():
-            cell = lambda m, modes=modes: f"{modes[m]['tok_s']:.1f}" if m in modes and modes[m]["tok_s"] else "-"  # noqa: E731
-            anchor = lambda a, kind=kind: f"{anchors[a][kind]:.1f}" if kind in anchors.get(a, {}) else "-"  # noqa: E731
-            r = result["ratios"][kind].get("adaptive_vs_plain")
-            table.add_row(kind, cell("plain"), cell("draft"), cell("lookup"), cell("adaptive"), f"{r:.2f}" if r else "-",
-                          anchor("llama_server_plain"), anchor("llama_server_draft"), anchor("llama_server_lookup"))
-        out.print(table)
+        print_builtin(result)
         print_answers(result["answers_unlike_plain"])
     return 0
+
+
+BUILTIN_MODES = ("plain", "draft", "lookup", "suffix", "adaptive")
+RATIO_LINES = (("adaptive_vs_plain", None), ("draft_vs_plain", None),
+               ("adaptive_vs_best_single_mode", "best_single_mode"),
+               ("adaptive_vs_best_llama_server_draft", "best_llama_server_draft"),
+               ("adaptive_vs_best_llama_server_ngram", "best_llama_server_ngram"))
+
+
+def print_builtin(result: dict) -> None:
+    """Per prompt kind: tokens/s and tokens per target decode of every mode and anchor, then the
+    goals' ratios (paired by repeat: median, min, max)."""
+    workloads, anchors = result["workloads"], result["anchors"]
+    modes = [m for m in BUILTIN_MODES if any(m in w for w in workloads.values())]
+    table = Table(title="tokens/s, median of repeats (tokens per target decode)")
+    table.add_column("workload")
+    for name in (*modes, *anchors):
+        table.add_column(name.replace("llama_server_", "server "), justify="right")
+    for kind, by_mode in workloads.items():
+        row = [kind]
+        for m in modes:
+            got = by_mode.get(m) or {}
+            tpd = got.get("tokens_per_decode")
+            row.append(f"{got['tok_s']:.1f}" + (f" ({tpd:.2f})" if tpd else "") if got.get("tok_s") else "-")
+        tpd = result.get("anchor_tokens_per_decode", {})
+        row += [f"{anchors[a][kind]:.1f}" + (f" ({tpd[a][kind]:.2f})" if kind in tpd.get(a, {}) else "")
+                if kind in anchors.get(a, {}) else "-" for a in anchors]
+        table.add_row(*row)
+    out.print(table)
+    for kind, r in result["ratios"].items():
+        parts = [f"{key.replace('_vs_', ' / ').replace('_', ' ')}"
+                 + (f" [{r[which].replace('llama_server_', 'server ')}]" if which else "")
+                 + f" {r[key]:.2f} ({r[key + '_min']:.2f}-{r[key + '_max']:.2f})"
+                 for key, which in RATIO_LINES if key in r]
+        if parts:
+            out.print(f"{kind}: " + "; ".join(parts), soft_wrap=True, markup=False)
 
 
 def print_answers(unlike: list[dict]) -> None:

@@ -19,6 +19,7 @@ from app.engine.loader import DRAFTER_KINDS, Loaded, build_drafter
 from app.llama.context import Context
 
 MODES = ("plain", "adaptive", "lookup", "draft")  # plain and adaptive side by side; the order flips each repeat
+CARD_MODES = ("plain", "adaptive", "lookup", "suffix", "draft")  # bench --f32-target: every single mode beside adaptive
 AGENT_MODES = ("plain", "adaptive", "adaptive-local", "suffix", "lookup")  # adaptive-local: without the global index
 MAX_TOKENS = 200  # per prompt, the built-in prompts
 AGENT_MAX_TOKENS = 512  # the agent workload's answers end where the model ends them (the longest is ~490 tokens)
@@ -160,6 +161,7 @@ def run_engine(loaded: Loaded, prompts: list[dict], max_tokens: int, repeats: in
     tok = loaded.tokenizer
     results: dict[str, dict[str, ModeResult]] = {}
     anchor_runs: dict[str, dict[str, list[float]]] = {}
+    anchor_tpd: dict[str, dict[str, list[float]]] = {}
     for rep in range(repeats):
         for item in prompts:
             kind = item.get("kind", "custom")
@@ -177,12 +179,16 @@ def run_engine(loaded: Loaded, prompts: list[dict], max_tokens: int, repeats: in
                     f"  acceptance {r.acceptance if r.acceptance is None else round(r.acceptance, 2)}"
                     f"  tokens/decode {r.tokens_per_decode or 0:.2f}")
             for name in (anchors.urls if anchors else {}):
-                tps = anchors.measure(name, ids, max_tokens)
+                n, seconds, tpd, _ = anchors.measure_answer(name, ids, max_tokens)
+                tps = n / seconds if seconds else 0.0
                 anchor_runs.setdefault(name, {}).setdefault(kind, []).append(tps)
-                log(f"  [{rep + 1}/{repeats}] {kind:16} {name:20} {tps:6.1f} tok/s")
+                anchor_tpd.setdefault(name, {}).setdefault(kind, []).append(tpd)
+                log(f"  [{rep + 1}/{repeats}] {kind:16} {name:20} {tps:6.1f} tok/s  tokens/decode {tpd:.2f}")
     summary = {kind: {mode: res.summary() for mode, res in modes_.items()} for kind, modes_ in results.items()}
     anchor_summary = {name: {kind: statistics.median(v) for kind, v in kinds.items()} for name, kinds in anchor_runs.items()}
     anchor_summary["runs"] = anchor_runs
+    anchor_summary["tokens_per_decode"] = {name: {kind: statistics.median(v) for kind, v in kinds.items()}
+                                           for name, kinds in anchor_tpd.items()}
     return summary, _costs_json(controller), anchor_summary if anchor_runs else {}
 
 

@@ -20,16 +20,30 @@ def ratios(workloads: dict, anchor_runs: dict) -> dict:
     for kind, modes in workloads.items():
         all_ = lambda m, modes=modes: (modes.get(m) or {}).get("tok_s_all") or []  # noqa: E731
         anchor = lambda a, kind=kind: runs.get(a, {}).get(kind) or []  # noqa: E731
-        r = {}
+        best_draft = _best(runs, kind, lambda a: a.startswith("llama_server_draft"))
+        best_ngram = _best(runs, kind, lambda a: a.startswith("llama_server_ngram") or a == "llama_server_lookup")
+        best_mode = max((m for m in ("draft", "lookup", "suffix") if all_(m)),
+                        key=lambda m: statistics.median(all_(m)), default=None)
+        r = {"best_llama_server_draft": best_draft, "best_llama_server_ngram": best_ngram, "best_single_mode": best_mode}
         for key, a, b in (("adaptive_vs_plain", all_("adaptive"), all_("plain")),
+                          ("draft_vs_plain", all_("draft"), all_("plain")),
                           ("plain_vs_llama_server_plain", all_("plain"), anchor("llama_server_plain")),
                           ("adaptive_vs_llama_server_draft", all_("adaptive"), anchor("llama_server_draft")),
-                          ("adaptive_vs_llama_server_lookup", all_("adaptive"), anchor("llama_server_lookup"))):
+                          ("adaptive_vs_llama_server_lookup", all_("adaptive"), anchor("llama_server_lookup")),
+                          ("adaptive_vs_best_llama_server_draft", all_("adaptive"), anchor(best_draft) if best_draft else []),
+                          ("adaptive_vs_best_llama_server_ngram", all_("adaptive"), anchor(best_ngram) if best_ngram else []),
+                          ("adaptive_vs_best_single_mode", all_("adaptive"), all_(best_mode) if best_mode else [])):
             got = paired(a, b)
             if got:
                 r[key], r[key + "_min"], r[key + "_max"] = got
         out[kind] = r
     return out
+
+
+def _best(runs: dict, kind: str, which) -> str | None:
+    """The anchor of this kind (by `which`) with the highest median tok/s on the workload."""
+    have = [a for a in runs if which(a) and runs[a].get(kind)]
+    return max(have, key=lambda a: statistics.median(runs[a][kind]), default=None)
 
 
 def workload_per_decode(per_decode: dict) -> dict:
