@@ -3,6 +3,7 @@
 and the speed speculation would reach.
 
     python scripts/gpu_bench.py --preset qwen3.6-27b        on a GPU machine (CUDA build of llama-cpp-python)
+    python scripts/gpu_bench.py --preset qwen3.6-27b-mtp    the target drafting with its own MTP head
     python scripts/gpu_bench.py --dry-run                   the same steps at a small shape on the CPU
 
 Steps: write target and draft files of the preset's shapes with random weights; plan them with
@@ -10,7 +11,9 @@ Steps: write target and draft files of the preset's shapes with random weights; 
 and compare what llama.cpp allocates (and, on a GPU, the VRAM pynvml sees) with each planned term;
 time a draft token (c_draft) and a target verify batch of k tokens (c_verify(k), k = 1..16) at a
 short and at a long context; project tokens/s for acceptance 0.6 / 0.7 / 0.8 with the best draft
-length, next to plain decoding. Prints a table, writes gpu_bench.json to --out (or $OUT).
+length, next to plain decoding. With the MTP preset the drafter is the target's nextn head: c_draft
+is one head token (c_mtp), and c_verify(k) includes the head's evaluation of the verified tokens,
+which every step pays. Prints a table, writes gpu_bench.json to --out (or $OUT).
 """
 
 from __future__ import annotations
@@ -34,13 +37,14 @@ from app.plan import terms as M  # noqa: E402
 from app.plan.hardware import detect, read_gpus  # noqa: E402
 from app.plan.planner import PlanRequest, make_plan  # noqa: E402
 
-PAIRS = {"qwen3.6-27b": ("qwen3.6-27b", "qwen3.5-0.8b"), "gemma3-27b": ("gemma3-27b", "gemma3-270m")}
+PAIRS = {"qwen3.6-27b": ("qwen3.6-27b", "qwen3.5-0.8b"), "gemma3-27b": ("gemma3-27b", "gemma3-270m"),
+         "qwen3.6-27b-mtp": ("qwen3.6-27b-mtp",)}  # no draft model: the target's MTP head drafts
 KS = list(range(1, 17))
 ALPHAS = (0.6, 0.7, 0.8)
 MiB = 1024 * 1024
 
 
-def write_models(preset: str, dry_run: bool, workdir: Path) -> tuple[Path, Path]:
+def write_models(preset: str, dry_run: bool, workdir: Path) -> tuple[Path, Path | None]:
     workdir.mkdir(parents=True, exist_ok=True)
     paths = []
     for name in PAIRS[preset]:
@@ -51,19 +55,54 @@ def write_models(preset: str, dry_run: bool, workdir: Path) -> tuple[Path, Path]
             write_random(path, shape, seed=len(paths))
             print(f"wrote {path} ({path.stat().st_size / 2**30:.2f} GiB) in {time.perf_counter() - t:.0f} s", flush=True)
         paths.append(path)
-    return paths[0], paths[1]
+    return paths[0], paths[1] if len(paths) > 1 else None
 
 
-def load(path: Path, params, threads: int):
+def load(path: Path, params, threads: int, load_mtp: bool = False):
     with capture_llama_log() as lines:
-        model = Model(path, params.n_gpu_layers)
+        model = Model(path, params.n_gpu_layers, load_mtp=load_mtp)
         ctx = Context(model, params, threads)
     return model, ctx, parse_allocation(lines)
+
+
+def load_mtp_head(tc: Context, params, threads: int):
+    """The target's MTP head context and its drafter; the allocation of that context."""
+    from app.engine.drafters.mtp import MtpDrafter
+
+    with capture_llama_log() as lines:
+        head = Context(tc.model, params, threads, mtp_of=tc)
+    return MtpDrafter(tc, head), parse_allocation(lines)
+
+
+class HeadStream:
+    """Times one MTP head draft token after the target's stream (the head follows the target)."""
+
+    def __init__(self, drafter, target: Stream) -> None:
+        self.drafter, self.target = drafter, target
+
+    def step(self, k: int) -> None:
+        history = [5] * (self.target.pos + 1)  # only the length matters: the head drafts at its end
+        self.drafter.propose(0, history, k)
+        self.drafter.mtp.synchronize()
+
+    def fill(self, upto: int) -> float:
+        return 0.0  # the head evaluated the prompt with the target
 
 
 def vram_used() -> int | None:
     gpus = read_gpus()
     return gpus[0].total - gpus[0].free if gpus else None
+
+
+def mtp_rows(plan, alloc, device: str) -> list[dict]:
+    """The MTP head's planned terms vs its context's allocation."""
+    planned = {t.name: t.bytes for t in plan.terms}
+    on_dev = (lambda kind: sum(v for b, v in alloc.by_kind.get(kind, {}).items() if b.startswith("CUDA") and "Host" not in b)) \
+        if device == "cuda" else alloc.total
+    rows = [("KV cache", planned.get("MTP KV cache", 0), on_dev("KV")),
+            ("compute buffer", planned.get("MTP compute buffer", 0), on_dev("compute"))]
+    return [{"model": "MTP head", "term": n, "planned": p, "measured": m, "ratio": (p / m) if m else None}
+            for n, p, m in rows if p or m]
 
 
 def memory_rows(plan, role: str, alloc, device: str, path: Path) -> list[dict]:
@@ -154,18 +193,27 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     ctx = args.ctx or (8192 if args.dry_run else 110_000)
     t_path, d_path = write_models(args.preset, args.dry_run, args.workdir)
-    t_info, d_info = read_model_info(t_path), read_model_info(d_path)
+    t_info, d_info = read_model_info(t_path), read_model_info(d_path) if d_path else None
+    mtp = d_path is None
     vram = int(args.vram * 2**30) if args.vram else (hw.gpus[0].total if hw.gpus and device == "cuda" else None)
     req = PlanRequest(device=device, vram=vram, ctx=ctx, ctx_is_user_choice=True)
-    plan = make_plan(t_info, d_info, req, hw, ctx)
+    plan = make_plan(t_info, d_info, req, hw, ctx, mtp=mtp)
     threads = 2 if device == "cpu" else 8
 
     before = vram_used()
-    tm, tc, t_alloc = load(t_path, plan.target, threads)
-    dm, dc, d_alloc = load(d_path, plan.draft, threads)
-    rows = memory_rows(plan, "target", t_alloc, device, t_path) + memory_rows(plan, "draft", d_alloc, device, d_path)
-
-    target, draft = Stream(tc, tm.n_vocab), Stream(dc, dm.n_vocab)
+    tm, tc, t_alloc = load(t_path, plan.target, threads, load_mtp=mtp)
+    rows = memory_rows(plan, "target", t_alloc, device, t_path)
+    target = Stream(tc, tm.n_vocab)
+    if mtp:
+        head, h_alloc = load_mtp_head(tc, plan.mtp, threads)
+        rows += mtp_rows(plan, h_alloc, device)
+        closing = [head.mtp, tc, tm]
+        draft = HeadStream(head, target)
+    else:
+        dm, dc, d_alloc = load(d_path, plan.draft, threads)
+        rows += memory_rows(plan, "draft", d_alloc, device, d_path)
+        closing = [tc, dc, tm, dm]
+        draft = Stream(dc, dm.n_vocab)
     short_prefill = target.fill(256)
     draft.fill(256)
     short = costs(target, draft, args.reps)
@@ -177,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
 
     modeled = sum(t.bytes for t in plan.terms if t.where == "device" and t.name not in ("runtime reserve", "safety margin"))
     report = {
-        "preset": args.preset, "device": device, "dry_run": args.dry_run,
+        "preset": args.preset, "device": device, "dry_run": args.dry_run, "drafter": "mtp" if mtp else "draft model",
         "gpu": hw.gpus[0].name if hw.gpus and device == "cuda" else None,
         "plan": plan.to_json(),
         "memory": rows,
@@ -192,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "gpu_bench.json").write_text(json.dumps(report, indent=1))
-    for x in (tc, dc, tm, dm):
+    for x in closing:
         x.close()
     return 0
 
@@ -212,7 +260,8 @@ def print_report(r: dict) -> None:
     for name in ("short_ctx", "long_ctx"):
         c = r[name]
         cv = c["c_verify_s"]
-        print(f"{name}: c_draft {c['c_draft_s'] * 1e3:.2f} ms; c_verify(k) ms: "
+        print(f"{name}: c_draft {c['c_draft_s'] * 1e3:.2f} ms{' (one MTP head token)' if r.get('drafter') == 'mtp' else ''}; "
+              "c_verify(k) ms: "
               + " ".join(f"{k}:{cv[k] * 1e3:.1f}" for k in (1, 2, 4, 8, 16)))
         pr = c["projection"]
         print(f"  plain {pr['plain_tok_s']:.1f} tok/s; " + "; ".join(

@@ -8,7 +8,7 @@ import pytest
 from conftest import ROOT
 
 
-@pytest.mark.parametrize("preset", ["qwen3.6-27b", "gemma3-27b"])
+@pytest.mark.parametrize("preset", ["qwen3.6-27b", "gemma3-27b", "qwen3.6-27b-mtp"])
 def test_dry_run_memory_matches_plan_and_times_are_measured(preset, tmp_path):
     p = subprocess.run(
         [sys.executable, "scripts/gpu_bench.py", "--dry-run", "--preset", preset, "--reps", "2",
@@ -25,6 +25,8 @@ def test_dry_run_memory_matches_plan_and_times_are_measured(preset, tmp_path):
         assert abs(row["planned"] - row["measured"]) <= tol * row["measured"], (model, term, row)
     if preset == "qwen3.6-27b":
         assert ("target", "recurrent state") in terms and ("draft", "recurrent state") in terms
+    if preset == "qwen3.6-27b-mtp":  # the head's own context, and one head token as the draft cost
+        assert {("MTP head", "KV cache"), ("MTP head", "compute buffer")} <= set(terms) and r["drafter"] == "mtp"
     for phase in ("short_ctx", "long_ctx"):
         c = r[phase]
         assert c["c_draft_s"] > 0 and all(v > 0 for v in c["c_verify_s"].values()) and len(c["c_verify_s"]) == 16

@@ -156,10 +156,13 @@ def test_serve_draft_mtp_answers_with_head_drafts_and_a_target_without_one_is_re
     try:
         assert s.wait_line("models loaded", 300), s.output
         assert "the target's MTP head drafting" in s.output
-        r = httpx.post(f"http://127.0.0.1:{port}/completion", json={"prompt": PROMPT, "n_predict": 48}, timeout=120)
-        assert r.status_code == 200, r.text
-        timings = r.json()["timings"]
-        assert timings["predicted_n"] == 48 and timings["draft_n"] > 0, timings
+        r = httpx.post(f"http://127.0.0.1:{port}/completion", json={"prompt": PROMPT, "n_predict": 128, "ignore_eos": True},
+                       timeout=120)
+        assert r.status_code == 200 and r.json()["timings"]["predicted_n"] == 128, r.text
+        # the controller drafts where it expects a gain, and probes an idle drafter every 32 steps
+        metrics = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=30).text
+        drafted = next(float(line.split()[-1]) for line in metrics.splitlines() if line.startswith("specdeck_draft_tokens_total"))
+        assert drafted > 0, metrics
     finally:
         assert s.stop() == 0, s.output
     assert "Traceback" not in s.output

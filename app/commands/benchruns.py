@@ -108,10 +108,12 @@ def measure_one(loaded: Loaded, drafter, mode: str, ids: list[int], max_tokens: 
     if loaded.mtp is not None:  # the head follows the target only in the modes it drafts in
         loaded.mtp.follow(drafter is loaded.mtp or getattr(drafter, "model", None) is loaded.mtp)
     engine = Engine(loaded.target, drafter, 1, draft_limit=n_max, costs=getattr(drafter, "controller", None))
-    d0 = llama_draft_seconds(loaded)
     req = Request(prompt=ids, max_tokens=max_tokens, stop_tokens=loaded.tokenizer.stop_tokens,
                   speculative=SpecParams(enabled=mode != "plain", n_max=n_max))
-    for _ in engine.generate(req):
+    steps = engine.generate(req)
+    next(steps)  # the prompt is in (a draft model follows it chunk by chunk: not drafting time)
+    d0 = llama_draft_seconds(loaded)
+    for _ in steps:
         pass
     r = engine.slots[0].record
     if drafter is not None:

@@ -62,8 +62,9 @@ class AdaptiveDrafter(DrafterBase):
 
     def propose_all(self, asks: Sequence[Ask]) -> list[Draft]:
         """Drafts for every sequence of one step, their lengths chosen together (they share one
-        verify decode): lookup where it has a match, the draft model where it has none or where
-        lookup's draft would not be taken."""
+        verify decode): the text match, or the model drafter where the controller expects that to
+        pay more (where there is no match, where the match would not be taken, or where the model's
+        drafts are kept so often that its longer drafts beat a shallow match's)."""
         self._score_shadows(asks)
         both = [self._found(a) for a in asks]
         found = [first for first, _ in both]
@@ -74,10 +75,11 @@ class AdaptiveDrafter(DrafterBase):
             better = self._better(choices, [self._candidate(a, m) for a, m in zip(asks, alt_found)])
             if better:
                 found, (cands, choices) = alt_found, better
-        if self.model is not None:  # where lookup got nothing, would the draft model be taken instead?
-            alt = [self._model_candidate(a) if c.key != self.model.name and ch.k == 0 and a.k > 0
-                   else c for a, c, ch in zip(asks, cands, choices)]
-            if alt != cands:
+        if self.model is not None:  # sequence by sequence: would the model drafter pay more than the text?
+            for i, a in enumerate(asks):
+                if cands[i].key == self.model.name or a.k <= 0:
+                    continue
+                alt = [*cands[:i], self._model_candidate(a), *cands[i + 1:]]
                 cands, choices = self._better(choices, alt) or (cands, choices)
         choices = self.controller.probe_idle(cands, choices)
         return [self._draft(a, x, ch, m) for a, x, ch, m in zip(asks, cands, choices, found)]
