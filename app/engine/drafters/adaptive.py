@@ -64,7 +64,9 @@ class AdaptiveDrafter(DrafterBase):
         """Drafts for every sequence of one step, their lengths chosen together (they share one
         verify decode): the text match, or the model drafter where the controller expects that to
         pay more (where there is no match, where the match would not be taken, or where the model's
-        drafts are kept so often that its longer drafts beat a shallow match's)."""
+        drafts are kept so often that its longer drafts beat a shallow match's). A copy in progress
+        (a deep match, a copy picked up again) is drafted as it is: the model's estimate prices k
+        tokens, but its drafts end where it is unsure, and a copy's are free."""
         self._score_shadows(asks)
         both = [self._found(a) for a in asks]
         found = [first for first, _ in both]
@@ -77,7 +79,7 @@ class AdaptiveDrafter(DrafterBase):
                 found, (cands, choices) = alt_found, better
         if self.model is not None:  # sequence by sequence: would the model drafter pay more than the text?
             for i, a in enumerate(asks):
-                if cands[i].key == self.model.name or a.k <= 0:
+                if cands[i].key == self.model.name or a.k <= 0 or _copying(found[i], choices[i]):
                     continue
                 alt = [*cands[:i], self._model_candidate(a), *cands[i + 1:]]
                 cands, choices = self._better(choices, alt) or (cands, choices)
@@ -217,6 +219,12 @@ def text_key(source: str, m: Match) -> str:
 
 
 SHALLOW = 8  # a match shorter than this (tokens) may be chance: a short phrase, a common shape
+
+
+def _copying(found: tuple[str, Match], choice: Choice) -> bool:
+    """Is this step's text draft a copy in progress: taken, and a deep match or a copy picked up again?"""
+    source, m = found
+    return choice.k > 0 and bool(m.tokens) and (source == "resume" or m.depth >= SHALLOW)
 
 
 def match_group(key: str) -> str | None:
