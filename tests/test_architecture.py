@@ -165,6 +165,7 @@ NOT_SETTINGS = {
     "prompts": "the workload (bench, verify)", "max_tokens": "the workload's answer length (bench, verify)",
     "repeats": "the benchmark's repetitions", "no_anchors": "whether bench runs llama-server beside",
     "workload": "which workload bench runs",
+    "f32_target": "which target bench measures: a stand-in built from the selected one",
 }
 
 

@@ -2,11 +2,11 @@
 
 import numpy as np
 
+from app.commands.standin import f32_standin
 from app.gguf.info import read_model_info
 from app.gguf.synthetic import SHAPES, small, write_random
 from app.llama.context import Context, Model
 from app.llama.params import ModelParams
-from app.models.derived import f32_standin
 from app.models.integrity import VerifiedRecords, sha256_file
 
 

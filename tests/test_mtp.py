@@ -108,10 +108,16 @@ def test_after_rollbacks_the_head_drafts_as_one_that_followed_only_the_kept_toke
     assert diff < LOGIT_TOLERANCE, diff
 
 
-@pytest.mark.parametrize("mode", ["match", "rejection"])
-def test_sampling_with_mtp_drafts_keeps_the_targets_distribution(model, mode):
+@pytest.fixture(scope="module")
+def plain_samples(model):
     eng, *_ = rig(model)
-    plain = _first_tokens(eng, SpecParams(enabled=False), N_SAMPLES, SAMPLING, prompt=PROMPT)
+    return _first_tokens(eng, SpecParams(enabled=False), N_SAMPLES, SAMPLING, prompt=PROMPT)
+
+
+@pytest.mark.parametrize("mode", ["match", "rejection"])
+def test_sampling_with_mtp_drafts_keeps_the_targets_distribution(model, plain_samples, mode):
+    eng, *_ = rig(model)
+    plain = plain_samples
     spec = _first_tokens(eng, SpecParams(n_max=3, mode=mode), N_SAMPLES, SAMPLING, seed0=10_000, prompt=PROMPT)
     assert eng.drafted >= N_SAMPLES and 0.1 < eng.accepted / eng.drafted < 1.0
     for position in (0, 1):

@@ -47,10 +47,10 @@ from app.commands.common import (
     threads,
 )
 from app.commands.ratios import agent_ratios, ratios, workload_per_decode
+from app.commands.standin import f32_standin
 from app.commands.workloads import agent_turns
 from app.errors import SpecdeckError
 from app.gguf.info import read_model_info
-from app.models.derived import f32_standin
 from app.plan.hardware import detect
 from app.plan.planner import make_plan
 

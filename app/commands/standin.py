@@ -1,4 +1,5 @@
-"""Models specdeck derives from a verified one, built once into the cache with a SHA-256 record.
+"""bench's stand-in target, derived from a verified model and built once into the cache with a
+SHA-256 record.
 
 `f32_standin`: the model rewritten as F32 by libllama's own `llama_model_quantize` (the quantized
 weights' exact values, four bytes each). A decode of it reads several times the bytes, so on a CPU it
