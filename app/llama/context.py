@@ -128,32 +128,27 @@ class Context:
         if self.decoding:
             raise DecodeRunning(f"{self.model.path.name}: {what} while a decode runs")
 
-    def decode(self, batch: Batch) -> None:
+    def _run(self, what: str, call: Callable[[], int]) -> None:
+        """One decode call, timed, with `decoding` set while it runs; DecodeError where it refuses."""
         t = time.perf_counter()
         self.decoding = True
         try:
-            rc = llama_cpp.llama_decode(self.ptr, batch.raw)
+            rc = call()
         finally:
             self.decoding = False
         self.decode_seconds += time.perf_counter() - t
         self.decodes += 1
         if rc != 0:
-            raise DecodeError(f"llama_decode failed ({rc}): {_DECODE_ERRORS.get(rc, 'unknown error')}")
+            raise DecodeError(f"{what} failed ({rc}): {_DECODE_ERRORS.get(rc, 'unknown error')}")
+
+    def decode(self, batch: Batch) -> None:
+        self._run("llama_decode", lambda: llama_cpp.llama_decode(self.ptr, batch.raw))
         if self.after_decode is not None:
             self.after_decode(batch)
 
     def process(self, batch: EmbdBatch) -> None:
         """Decode an extended batch (tokens with hidden-state rows: an MTP context's input)."""
-        t = time.perf_counter()
-        self.decoding = True
-        try:
-            rc = llama_cpp.llama_process(self.ptr, llama_cpp.LLAMA_PROCESS_TYPE_DECODE, batch.raw)
-        finally:
-            self.decoding = False
-        self.decode_seconds += time.perf_counter() - t
-        self.decodes += 1
-        if rc != 0:
-            raise DecodeError(f"llama_process failed ({rc}): {_DECODE_ERRORS.get(rc, 'unknown error')}")
+        self._run("llama_process", lambda: llama_cpp.llama_process(self.ptr, llama_cpp.LLAMA_PROCESS_TYPE_DECODE, batch.raw))
 
     def embedding(self, seq: int) -> np.ndarray:
         """The pooled embedding of a sequence after a decode of an embedding context (a copy)."""
