@@ -498,3 +498,24 @@ def test_a_next_turn_that_keeps_most_of_the_cache_saves_no_copy(tiny):
     assert len(eng.cache.saved) == 0 and eng.slots[0].record.reused_tokens == len(prompt) - 2
     run(eng, Request(prompt=prompt[:100] + [280] * 30, max_tokens=4, speculative=SpecParams(enabled=False)))
     assert len(eng.cache.saved) == 1 and eng.slots[0].record.reused_tokens == 100
+
+
+def test_a_draft_under_the_controller_ends_where_its_next_token_is_not_worth_verifying(sharp):
+    """Under the adaptive controller a greedy draft model draft runs as long as the engine allows
+    while its tokens are worth verifying (DraftWorth), so drafts differ in length; the greedy
+    invariant holds, and the learned draft cost is per decode (a stopped draft's last decode showed a
+    token it did not keep)."""
+    from app.engine.controller import CostModel
+    from app.engine.drafters.adaptive import AdaptiveDrafter, adaptive_controller
+
+    tc = Context(Model(sharp[0]), params(), 1)
+    dc = Context(Model(sharp[1]), params(), 1)
+    costs = CostModel({n: 0.02 + 0.002 * n for n in range(1, 18)})
+    costs.draft = 0.002  # a tenth of a target decode: a card's regime, where drafting pays
+    drafter = AdaptiveDrafter(adaptive_controller(costs, learn_costs=False), None, ModelDrafter(dc))
+    eng = Engine(tc, drafter, 2)
+    out, steps = run(eng, Request(prompt=PROMPT, max_tokens=120, speculative=SpecParams(n_max=16), trace=True))
+    assert all(s.tokens == s.target_argmax for s in steps)
+    drafted = [s.drafted for s in steps if s.drafter == "draft-model"]
+    assert len(set(drafted)) >= 3 and min(drafted) < max(drafted)
+    assert any(0 < d < 16 for d in drafted)  # ended by the rule, not by the engine's limit

@@ -443,8 +443,9 @@ def test_a_model_drafter_kept_far_more_often_than_a_shallow_match_is_drafted_in_
 
     class Model(DrafterBase):
         name = "draft-model"
+        decodes = 0
 
-        def propose(self, seq, history, k, sampling=None, rng=None):
+        def propose(self, seq, history, k, sampling=None, rng=None, worth=None):
             return Draft([70 + i for i in range(k)], source=self.name)
 
         def behind(self, seq, history):
@@ -461,3 +462,30 @@ def test_a_model_drafter_kept_far_more_often_than_a_shallow_match_is_drafted_in_
         d.begin_request(0)
         draft = d.propose(0, history, 16)
         assert draft.tokens[:1] == [want], (depth, draft)
+
+
+def test_a_drafts_tokens_are_verified_while_their_reach_pays_the_verify_they_add():
+    """DraftWorth: the same run of 0.7-probability tokens is drafted deep where a draft token costs
+    a twenty-fifth of a target decode (a card), and stops at once where it costs a third (the CPU
+    pair); a token is kept only where the chance the target keeps it and all before it pays the
+    verify's extra cost at the step's rate."""
+    from app.engine.drafters.worth import DraftWorth
+
+    def drafted(c_draft, slope, probs):
+        costs = CostModel({n: 0.1 + slope * (n - 1) for n in range(1, 50)})
+        costs.draft = c_draft
+        w, n = DraftWorth(costs), 0
+        for p in probs:
+            if not w.keep(p):
+                break
+            n += 1
+            if not w.go_on():
+                break
+        return n
+
+    card, cpu = drafted(0.004, 0.001, [0.7] * 16), drafted(0.033, 0.02, [0.7] * 16)
+    assert card >= 4 and cpu <= 1, (card, cpu)
+    assert drafted(0.004, 0.001, [0.99] * 16) == 16  # confident tokens: the whole draft
+    assert drafted(0.004, 0.001, [0.99, 0.99, 0.01, 0.99]) == 2  # a token nobody would keep ends it
+    w = DraftWorth(CostModel({1: 0.1, 2: 0.1, 3: 0.2}))  # a verify that costs a whole decode more
+    assert w.keep(0.9) and not w.keep(0.3) and w.n == 1  # refused tokens are not counted

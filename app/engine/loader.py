@@ -115,9 +115,6 @@ def check_cancel(cancel: threading.Event | None) -> None:
 
 
 DRAFTER_KINDS = ("plain", "draft", "lookup", "suffix", "adaptive")
-# under the controller, a model drafter's draft ends where its own top probability falls below this
-# (llama-server's draft-simple setting measured best here): the controller's length is the most it may draft
-ADAPTIVE_P_MIN = 0.75
 
 
 def build_drafter(kind: str, draft: Context | None, controller: Controller | None = None,
@@ -141,6 +138,6 @@ def build_drafter(kind: str, draft: Context | None, controller: Controller | Non
         if controller is None:
             raise ValueError("the adaptive drafter needs a controller")
         suffix = SuffixDrafter(SuffixIndex(suffix_tokens)) if suffix_tokens > 0 else None
-        model = mtp or (ModelDrafter(draft, p_min=ADAPTIVE_P_MIN, halt=halt, checkpoints=checkpoints) if draft else None)
+        model = mtp or (ModelDrafter(draft, halt=halt, checkpoints=checkpoints) if draft else None)
         return AdaptiveDrafter(controller, LookupDrafter(), model, suffix)
     raise ValueError(f"unknown drafter kind {kind!r} (one of {', '.join(DRAFTER_KINDS)})")

@@ -15,6 +15,7 @@ from app.engine.drafters.model import ModelDrafter
 from app.engine.drafters.mtp import MtpDrafter
 from app.engine.drafters.resume import Resume, resume_key
 from app.engine.drafters.suffix import SUFFIX_PRIORS, Match, SuffixDrafter, suffix_key
+from app.engine.drafters.worth import DraftWorth
 from app.engine.sampling import SamplingParams
 
 
@@ -156,21 +157,26 @@ class AdaptiveDrafter(DrafterBase):
             self._proposed[a.seq] = (len(a.history), m.tokens)
             return Draft(m.tokens[: choice.k], None, source=source, match_len=m.depth, support=m.count, why=why)
         behind = self.model.behind(a.seq, a.history)
+        # a greedy draft the controller expects to pay ends at its first token not worth verifying, by
+        # the drafter's own confidence token by token (the controller's length prices an average token)
+        greedy = a.sampling is None and choice.gain > 1.0
         t = time.perf_counter()
-        d = self.model.propose(a.seq, a.history, choice.k, a.sampling, a.rng)
-        if d.tokens and self.controller.learn_costs:
-            self._observe_model(time.perf_counter() - t, len(d.tokens), behind)
+        d = self.model.propose(a.seq, a.history, a.k if greedy else choice.k, a.sampling, a.rng,
+                               DraftWorth(self.controller.costs) if greedy else None)
+        if self.model.decodes and self.controller.learn_costs:
+            self._observe_model(time.perf_counter() - t, self.model.decodes, behind)
         d.why = why
         return d
 
-    def _observe_model(self, seconds: float, drafted: int, behind: int) -> None:
-        """A draft's time is its tokens' decodes, after a catch-up of `behind` tokens: a step that
-        was nearly in step measures the per-token cost, a long catch-up the prefill rate."""
+    def _observe_model(self, seconds: float, decodes: int, behind: int) -> None:
+        """A draft's time is its decodes (one token each, after a catch-up of `behind` tokens in one
+        decode; the last may have shown a token not worth drafting): a step that was nearly in step
+        measures the cost of a draft decode, a long catch-up the prefill rate."""
         costs = self.controller.costs
         if behind <= 2:
-            costs.observe_draft(seconds / drafted)
+            costs.observe_draft(seconds / decodes)
         elif behind >= 32:
-            costs.observe_prefill(max(seconds - drafted * (costs.draft or 0.0), 0.0) / behind)
+            costs.observe_prefill(max(seconds - (decodes - 1) * (costs.draft or 0.0), 0.0) / behind)
 
     def accepted(self, seq: int, draft: Draft, n_accepted: int) -> None:
         if draft.source in TEXT_SOURCES:

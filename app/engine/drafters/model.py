@@ -12,6 +12,7 @@ from app.engine import kv
 from app.engine.accept import draw
 from app.engine.checkpoints import Checkpoints
 from app.engine.drafters.base import Draft, DrafterBase
+from app.engine.drafters.worth import DraftWorth
 from app.engine.sampling import SamplingParams, TokenSampler
 from app.llama.context import Context, DecodeError
 
@@ -45,14 +46,14 @@ class DraftSamplers:
 
 
 def pick(logits: np.ndarray, draft: Draft, sampler: TokenSampler | None, rng: np.random.Generator | None,
-         p_min: float = 0.0, confident: bool = False) -> int | None:
-    """The next draft token from the drafter's logits, appended to `draft`: the argmax (None where its
-    probability is under `p_min` and `confident` is asked), or under rejection sampling a draw from
-    the drafter's own distribution, kept in `draft.q`."""
+         worth: DraftWorth | None = None) -> int | None:
+    """The next draft token from the drafter's logits, appended to `draft`: the argmax (None where
+    `worth` says it is not worth verifying), or under rejection sampling a draw from the drafter's
+    own distribution, kept in `draft.q`."""
     if sampler is None:
         token = int(np.argmax(logits))
         # the top probability costs an exp over the vocabulary: only when used
-        if confident and p_min > 0 and top_probability(logits, float(logits[token])) < p_min:
+        if worth is not None and not worth.keep(top_probability(logits, float(logits[token]))):
             return None
     else:
         q = sampler.probs(logits)
@@ -67,14 +68,13 @@ class ModelDrafter(DrafterBase):
 
     name = "draft-model"
 
-    def __init__(self, ctx: Context, p_min: float = 0.0, n_min: int = 0, halt: threading.Event | None = None,
+    def __init__(self, ctx: Context, halt: threading.Event | None = None,
                  checkpoints: Checkpoints | None = None) -> None:
         self.ctx = ctx
         # a recurrent / sliding-window draft goes back to an earlier prefix through these, as the target does
         self.checkpoints = checkpoints or Checkpoints(ctx, 0, 0)
         self.halt = halt or threading.Event()  # the engine's: set, a catch-up over a long prompt stops at its next chunk
-        self.p_min = p_min
-        self.n_min = n_min
+        self.decodes = 0  # the decodes the last `propose` ran (a catch-up counts one)
         self.window = ctx.model.swa_window
         self.cached: dict[int, list[int]] = {}
         self._growth = kv.Growth()  # cached[:known] == history[:known]: compared only past it
@@ -82,8 +82,10 @@ class ModelDrafter(DrafterBase):
 
 
     def propose(self, seq: int, history: Sequence[int], k: int, sampling: SamplingParams | None = None,
-                rng: np.random.Generator | None = None) -> Draft:
+                rng: np.random.Generator | None = None, worth: DraftWorth | None = None) -> Draft:
+        """Up to k tokens; a greedy draft given `worth` ends at its first token not worth verifying."""
         draft = Draft([], [] if sampling is not None else None, source=self.name)
+        self.decodes = 0
         if k <= 0:
             return draft
         cached = self.cached.setdefault(seq, [])
@@ -100,18 +102,21 @@ class ModelDrafter(DrafterBase):
         except DecodeError:  # the draft's pool is full: no draft this step (the target goes on alone)
             self._resync(seq, history)
             return draft
+        self.decodes = int(n < len(history))
         cached.extend(history[len(cached):])  # sync left cached == history[:n]; the rest is now evaluated
         self._growth.see(seq, history)
         sampler = self._samplers.get(seq, sampling) if sampling is not None else None
+        worth = worth if sampler is None else None
         pos = len(history)
         for j in range(k):
-            token = pick(self.ctx.logits(idx), draft, sampler, rng, self.p_min, confident=j >= self.n_min)
-            if token is None or j == k - 1:
+            token = pick(self.ctx.logits(idx), draft, sampler, rng, worth)
+            if token is None or j == k - 1 or (worth is not None and not worth.go_on()):
                 break
             b = self.ctx.batch
             b.clear()
             idx = b.add(token, pos, seq, True)
             try:
+                self.decodes += 1
                 self.ctx.decode(b)
             except DecodeError:
                 self._resync(seq, history)

@@ -24,6 +24,7 @@ import numpy as np
 
 from app.engine.drafters.base import Draft, DrafterBase
 from app.engine.drafters.model import DraftSamplers, pick
+from app.engine.drafters.worth import DraftWorth
 from app.engine.sampling import SamplingParams
 from app.errors import SpecdeckError
 from app.llama import nextn
@@ -41,12 +42,12 @@ class MtpDrafter(DrafterBase):
 
     name = "mtp"
 
-    def __init__(self, target: Context, mtp: Context, p_min: float = 0.0, n_min: int = 0) -> None:
+    def __init__(self, target: Context, mtp: Context) -> None:
         if mtp.model.n_nextn <= 0:
             raise NoMtpHead(f"{mtp.model.path.name} has no MTP (nextn) layers")
         nextn.check_available()
         self.target, self.mtp = target, mtp
-        self.p_min, self.n_min = p_min, n_min
+        self.decodes = 0  # the head decodes the last `propose` ran
         self.n_embd = target.model.n_embd_out
         self.batch = nextn.EmbdBatch(mtp.ptr, self.n_embd)
         self.zeros = np.zeros(self.n_embd, np.float32)
@@ -122,25 +123,32 @@ class MtpDrafter(DrafterBase):
     # -- drafting -----------------------------------------------------------------------------
 
     def propose(self, seq: int, history: Sequence[int], k: int, sampling: SamplingParams | None = None,
-                rng: np.random.Generator | None = None) -> Draft:
+                rng: np.random.Generator | None = None, worth: DraftWorth | None = None) -> Draft:
+        """Up to k tokens chained over the head; a greedy draft given `worth` ends at its first token
+        not worth verifying."""
         draft = Draft([], [] if sampling is not None else None, source=self.name)
+        self.decodes = 0
         if k <= 0 or not history:
             return draft
         pos = len(history) - 1  # the last token: the target evaluates it in the verify batch
         self._align(seq, pos)
         sampler = self._samplers.get(seq, sampling) if sampling is not None else None
+        worth = worth if sampler is None else None
         token, state = int(history[-1]), self._state_before(seq, pos)
         for j in range(k):
+            if j and worth is not None and not worth.go_on():
+                break
             self.batch.clear()
             self.batch.add(token, pos + j, seq, state, True)
             before = self.mtp.decode_seconds
+            self.decodes += 1
             try:
                 self.mtp.process(self.batch)
             except DecodeError:  # the head's pool is full: a shorter draft (the target goes on alone)
                 break
             finally:
                 self.draft_seconds += self.mtp.decode_seconds - before
-            token = pick(self.mtp.logits(0), draft, sampler, rng, self.p_min, confident=j >= self.n_min)
+            token = pick(self.mtp.logits(0), draft, sampler, rng, worth)
             if token is None:
                 break
             state = nextn.hidden_row(self.mtp.ptr, 0, self.n_embd)  # read before the next decode replaces it
