@@ -467,8 +467,8 @@ def test_a_model_drafter_kept_far_more_often_than_a_shallow_match_is_drafted_in_
 def test_a_drafts_tokens_are_verified_while_their_reach_pays_the_verify_they_add():
     """DraftWorth: the same run of 0.7-probability tokens is drafted deep where a draft token costs
     a twenty-fifth of a target decode (a card), and stops at once where it costs a third (the CPU
-    pair); a token is kept only where the chance the target keeps it and all before it pays the
-    verify's extra cost at the step's rate."""
+    pair); an unsure token is kept only where the chance the target keeps it and all before it pays
+    the verify's extra cost at the step's rate; a sure one always."""
     from app.engine.drafters.worth import DraftWorth
 
     def drafted(c_draft, slope, probs):
@@ -485,6 +485,7 @@ def test_a_drafts_tokens_are_verified_while_their_reach_pays_the_verify_they_add
 
     card, cpu = drafted(0.004, 0.001, [0.7] * 16), drafted(0.033, 0.02, [0.7] * 16)
     assert card >= 4 and cpu <= 1, (card, cpu)
+    assert drafted(0.033, 0.02, [0.8] * 16) == 16  # sure tokens (p >= SURE) are drafted whatever the reach
     assert drafted(0.004, 0.001, [0.99] * 16) == 16  # confident tokens: the whole draft
     assert drafted(0.004, 0.001, [0.99, 0.99, 0.01, 0.99]) == 2  # a token nobody would keep ends it
     w = DraftWorth(CostModel({1: 0.1, 2: 0.1, 3: 0.2}))  # a verify that costs a whole decode more

@@ -1,19 +1,23 @@
-"""Where a model's greedy draft stops: at the token not worth verifying, by the step's measured costs.
+"""Where a model's greedy draft stops: at its first token neither sure nor worth verifying.
 
 The drafter's top probability p_j says how likely the target is to keep its j-th token, given it
-kept the ones before; the draft is kept whole up to j with the product of them (its reach). A
-token is put in the verify while what its reach is worth, at the step's expected rate (tokens per
-second so far), pays the verify's extra cost for one more token; the next token is decoded only
-while a token as likely as this one would also pay that decode. On a card, where a draft token
-costs 1/25 of a 27B decode, drafts run deep through unsure stretches; on a CPU, where it costs a
-third, they end at the first doubt. A fixed confidence stop (llama-server's p-min 0.75) is right
-for neither: on a CPU stand-in of a card's cost ratio it halved the tokens a code question kept per
-decode (2.4 against 4.5 for a fixed 8-token draft), and without it code completion lost 12 %.
+kept the ones before; the draft is kept whole up to j with about the product of them (its reach).
+A token the drafter is sure of (p >= SURE) is drafted; an unsure one while what its reach is worth,
+at the step's expected rate (tokens per second so far), pays the verify's extra cost for one more
+token. The next token is decoded while the last was sure, or while a token as likely would also pay
+that decode. On a card, where a draft token costs 1/25 of a 27B decode, drafts run on through unsure
+stretches; on a CPU, where it costs a third, they end at the first doubt. A fixed confidence stop
+alone (llama-server's p-min) fits one cost ratio at most, and the reach alone ends long runs of sure
+tokens too soon: those are kept more often than the product says. docs/BENCHMARKS.md
+(`bench --f32-target`) has what each did. Greedy drafts only: under rejection sampling a token's
+chance of being kept is not its probability.
 """
 
 from __future__ import annotations
 
 from app.engine.controller import CostModel
+
+SURE = 0.75  # a token this likely is drafted whatever the reach (llama-server's p-min default)
 
 
 class DraftWorth:
@@ -35,9 +39,9 @@ class DraftWorth:
         return self.c_verify(self.n + 2) - self.c_verify(self.n + 1)
 
     def keep(self, p: float) -> bool:
-        """Is a token of top probability `p`, next in the draft, worth verifying? (Counted if so.)"""
+        """Is a token of top probability `p`, next in the draft, sure or worth verifying? (Counted if so.)"""
         extra = self._extra()
-        if self.reach * p * self.seconds <= extra * self.tokens:
+        if p < SURE and self.reach * p * self.seconds <= extra * self.tokens:
             return False
         self.reach *= p
         self.tokens += self.reach
@@ -47,8 +51,8 @@ class DraftWorth:
         return True
 
     def go_on(self) -> bool:
-        """Is decoding the next token worth it, were it as likely as the last? (Its decode counted if so.)"""
-        if self.reach * self.p * self.seconds <= (self.c_draft + self._extra()) * self.tokens:
+        """Decode the next token: was the last sure, or would one as likely pay the decode? (Counted if so.)"""
+        if self.p < SURE and self.reach * self.p * self.seconds <= (self.c_draft + self._extra()) * self.tokens:
             return False
         self.seconds += self.c_draft
         return True
