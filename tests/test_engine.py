@@ -519,3 +519,18 @@ def test_a_draft_under_the_controller_ends_where_its_next_token_is_not_worth_ver
     drafted = [s.drafted for s in steps if s.drafter == "draft-model"]
     assert len(set(drafted)) >= 3 and min(drafted) < max(drafted)
     assert any(0 < d < 16 for d in drafted)  # ended by the rule, not by the engine's limit
+
+
+def test_lookup_tells_how_deep_a_draft_has_run_into_earlier_text():
+    """A model draft that has run into text found earlier ends there (the next step copies it for
+    free): depth_after measures the match of history + draft against the history lookup indexed."""
+    from app.engine.drafters.lookup import LookupDrafter
+
+    src = list(range(100, 140))
+    history = [5, 6] + src + [7, 8, 9] + src[:3]  # the source, then the answer starting to copy it
+    lk = LookupDrafter()
+    lk.lookup(0, history, 4)
+    assert lk.depth_after(0, history, src[3:10]) == 10  # 3 copied + 7 drafted, all in the source
+    assert lk.depth_after(0, history, src[3:6]) == 6
+    assert lk.depth_after(0, history, [1, 2, 3]) == 0
+    assert lk.depth_after(0, history + [1], src[3:10]) == 0  # not the history it indexed

@@ -157,16 +157,26 @@ class AdaptiveDrafter(DrafterBase):
             self._proposed[a.seq] = (len(a.history), m.tokens)
             return Draft(m.tokens[: choice.k], None, source=source, match_len=m.depth, support=m.count, why=why)
         behind = self.model.behind(a.seq, a.history)
-        # a greedy draft the controller expects to pay ends at its first token not worth verifying, by
-        # the drafter's own confidence token by token (the controller's length prices an average token)
+        # a greedy draft the controller expects to pay ends at its first token neither sure nor worth
+        # verifying (the controller's length prices an average token), or where it runs into text
+        # found earlier (the next step copies it for free); where it was chosen over a text match, at
+        # the controller's length at most
         greedy = a.sampling is None and choice.gain > 1.0
+        k = a.k if greedy and not m.tokens else choice.k
+        worth = DraftWorth(self.controller.costs, self._copied(a)) if greedy else None
         t = time.perf_counter()
-        d = self.model.propose(a.seq, a.history, a.k if greedy else choice.k, a.sampling, a.rng,
-                               DraftWorth(self.controller.costs) if greedy else None)
+        d = self.model.propose(a.seq, a.history, k, a.sampling, a.rng, worth)
         if self.model.decodes and self.controller.learn_costs:
             self._observe_model(time.perf_counter() - t, self.model.decodes, behind)
         d.why = why
         return d
+
+    def _copied(self, a: Ask):
+        """Has a model draft after `a.history` run into a copy (a lookup match of SHALLOW tokens or more)?"""
+        if self.lookup is None:
+            return None
+        lookup, seq, history = self.lookup, a.seq, a.history
+        return lambda drafted: lookup.depth_after(seq, history, drafted) >= SHALLOW
 
     def _observe_model(self, seconds: float, decodes: int, behind: int) -> None:
         """A draft's time is its decodes (one token each, after a catch-up of `behind` tokens in one

@@ -56,6 +56,23 @@ class LookupDrafter(DrafterBase):
                 return list(history[at : at + k]), n
         return [], 0
 
+    def depth_after(self, seq: int, history: Sequence[int], drafted: Sequence[int]) -> int:
+        """How deep the end of `history + drafted` matches the history indexed at this step's lookup
+        (0: not at all, or the index is not this history's): a draft that has run into a copy."""
+        tokens, index = self._index.get(seq, ([], {}))
+        if not drafted or len(tokens) != len(history):
+            return 0
+        tail = list(history[-self.match_max:]) + list(drafted)  # all a match of match_max tokens reads
+        n = min(self.ngram_max, len(tail) - 1)
+        at = index.get(tuple(tail[-n:])) if n >= self.ngram_min else None
+        if at is None:
+            return 0
+        depth = n
+        while depth < self.match_max and at - depth - 1 >= 0 and len(tail) - depth - 1 >= 0 \
+                and tokens[at - depth - 1] == tail[len(tail) - depth - 1]:
+            depth += 1
+        return depth
+
     def _extend(self, history: Sequence[int], at: int, n: int) -> int:
         """The length of the match that ends at `at` and at the history's end, from n up to match_max."""
         end = len(history)

@@ -110,7 +110,7 @@ class ModelDrafter(DrafterBase):
         pos = len(history)
         for j in range(k):
             token = pick(self.ctx.logits(idx), draft, sampler, rng, worth)
-            if token is None or j == k - 1 or (worth is not None and not worth.go_on()):
+            if token is None or j == k - 1 or (worth is not None and not worth.go_on(draft.tokens)):
                 break
             b = self.ctx.batch
             b.clear()

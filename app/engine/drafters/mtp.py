@@ -136,7 +136,7 @@ class MtpDrafter(DrafterBase):
         worth = worth if sampler is None else None
         token, state = int(history[-1]), self._state_before(seq, pos)
         for j in range(k):
-            if j and worth is not None and not worth.go_on():
+            if j and worth is not None and not worth.go_on(draft.tokens):
                 break
             self.batch.clear()
             self.batch.add(token, pos + j, seq, state, True)

@@ -15,6 +15,8 @@ chance of being kept is not its probability.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+
 from app.engine.controller import CostModel
 
 SURE = 0.75  # a token this likely is drafted whatever the reach (llama-server's p-min default)
@@ -25,7 +27,10 @@ class DraftWorth:
     with `costs` at the time the draft starts. Its first token's logits came from a decode the
     step paid (the draft model catching up, or the MTP head's first)."""
 
-    def __init__(self, costs: CostModel) -> None:
+    def __init__(self, costs: CostModel, copied: Callable[[Sequence[int]], bool] | None = None) -> None:
+        """`copied(drafted)`: has the draft run into text found earlier? It then ends there: the next
+        step copies that text for free, where each further draft token costs a decode."""
+        self.copied = copied
         self.c_verify = costs.c_verify
         self.c_draft = costs.draft or costs.c_verify(1)
         self.reach = 1.0  # chance the target keeps every token kept so far
@@ -50,9 +55,12 @@ class DraftWorth:
         self.p = p
         return True
 
-    def go_on(self) -> bool:
-        """Decode the next token: was the last sure, or would one as likely pay the decode? (Counted if so.)"""
+    def go_on(self, drafted: Sequence[int] = ()) -> bool:
+        """Decode the next token: was the last sure, or would one as likely pay the decode, and has
+        the draft not run into a copy? (Counted if so.)"""
         if self.p < SURE and self.reach * self.p * self.seconds <= (self.c_draft + self._extra()) * self.tokens:
+            return False
+        if self.copied is not None and self.copied(drafted):
             return False
         self.seconds += self.c_draft
         return True
