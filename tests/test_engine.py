@@ -503,8 +503,7 @@ def test_a_next_turn_that_keeps_most_of_the_cache_saves_no_copy(tiny):
 def test_a_draft_under_the_controller_ends_where_its_next_token_is_not_worth_verifying(sharp):
     """Under the adaptive controller a greedy draft model draft runs as long as the engine allows
     while its tokens are worth verifying (DraftWorth), so drafts differ in length; the greedy
-    invariant holds, and the learned draft cost is per decode (a stopped draft's last decode showed a
-    token it did not keep)."""
+    invariant holds."""
     from app.engine.controller import CostModel
     from app.engine.drafters.adaptive import AdaptiveDrafter, adaptive_controller
 

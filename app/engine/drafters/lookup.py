@@ -52,7 +52,7 @@ class LookupDrafter(DrafterBase):
             at = index.get(tuple(history[-n:]))
             if at is not None and at < len(history):
                 if n == self.ngram_max:
-                    n = self._extend(history, at, n)
+                    n = self._extend(history, at, history, n)
                 return list(history[at : at + k]), n
         return [], 0
 
@@ -67,16 +67,13 @@ class LookupDrafter(DrafterBase):
         at = index.get(tuple(tail[-n:])) if n >= self.ngram_min else None
         if at is None:
             return 0
-        depth = n
-        while depth < self.match_max and at - depth - 1 >= 0 and len(tail) - depth - 1 >= 0 \
-                and tokens[at - depth - 1] == tail[len(tail) - depth - 1]:
-            depth += 1
-        return depth
+        return self._extend(tokens, at, tail, n)
 
-    def _extend(self, history: Sequence[int], at: int, n: int) -> int:
-        """The length of the match that ends at `at` and at the history's end, from n up to match_max."""
-        end = len(history)
-        while n < self.match_max and at - n - 1 >= 0 and history[at - n - 1] == history[end - n - 1]:
+    def _extend(self, source: Sequence[int], at: int, text: Sequence[int], n: int) -> int:
+        """The length of the match that ends at `at` in `source` and at the end of `text`, from n up
+        to match_max."""
+        end = len(text)
+        while n < self.match_max and at - n - 1 >= 0 and end - n - 1 >= 0 and source[at - n - 1] == text[end - n - 1]:
             n += 1
         return n
 
