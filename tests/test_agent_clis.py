@@ -7,7 +7,9 @@ requests are thousands of tokens, which the 1.5B target evaluates for minutes on
 Then each makes one tool round trip (write a file, then answer) against the CPU pair served with the
 flagship's chat format (`--chat-template-file` Qwen3.5: XML tool calls, <think>), with thinking off
 and greedy sampling by default (`--reasoning-budget 0 --temp 0`): a small Qwen2.5 was never taught
-to think, and Codex sends no temperature.
+to think, and Codex sends no temperature. Whether the small model calls the tool is the model's
+business: the prompts are ones it was seen to answer with a call, and a CLI is run again (its
+prompt cached) where it answered with text instead.
 
 The CLIs' versions are pinned; they are installed once into ~/.cache/specdeck/npm."""
 
@@ -70,11 +72,19 @@ exit $rc
 
 
 def _codex_env(tmp_path: Path, port: int) -> str:
-    """Codex's home with the server as its Responses provider; the environment to run it with."""
+    """Codex's home with the server as its Responses provider; the environment to run it with. Its
+    instructions are a short file of ours (`model_instructions_file`) and the tools it needs not are
+    off (`view_image`, `update_plan`): its own instructions and tools are ~6K tokens, which the 1.5B
+    reads for ~90 s on two cores; this prompt is ~2.5K, and what the server is tested on (the
+    Responses API, tool definitions, the XML call parsed, its output sent back) is the same."""
     codex_home = tmp_path / "codex"
     codex_home.mkdir()
+    instructions = codex_home / "instructions.md"
+    instructions.write_text("You are a coding agent in a terminal. Use the tools to act. Be brief.\n")
     (codex_home / "config.toml").write_text(
-        'model = "gpt-5-codex"\nmodel_provider = "specdeck"\n\n[model_providers.specdeck]\nname = "specdeck"\n'
+        f'model = "gpt-5-codex"\nmodel_provider = "specdeck"\nmodel_instructions_file = "{instructions}"\n\n'
+        '[features]\nview_image = false\n\n[tools.update_plan]\nenabled = false\n\n'
+        '[model_providers.specdeck]\nname = "specdeck"\n'
         f'base_url = "http://127.0.0.1:{port}/v1"\nenv_key = "SPECDECK_API_KEY"\nwire_api = "responses"\n')
     return f'HOME="{tmp_path}" CODEX_HOME="{codex_home}" SPECDECK_API_KEY=sk-local'
 
@@ -142,7 +152,7 @@ def test_claude_code_writes_a_file_through_xml_tool_calls(clis, real_pair, tmp_p
     target = work / "hello.txt"
     port = free_port()
     env = (f'HOME="{home}" ANTHROPIC_BASE_URL=http://127.0.0.1:{port} ANTHROPIC_API_KEY=sk-local '
-           "DISABLE_TELEMETRY=1 DISABLE_AUTOUPDATER=1 CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1")
+           "DISABLE_TELEMETRY=1 DISABLE_AUTOUPDATER=1 CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1 MAX_THINKING_TOKENS=0")
     ask = f"Use the Write tool to create the file {target} containing the word hi. Then reply: done."
     cli = (f'{env} timeout 600 "{clis}/claude" -p "{ask}" --model claude-sonnet-4-5 --tools Write '
            '--permission-mode acceptEdits --system-prompt "You are a concise assistant."')
@@ -156,12 +166,13 @@ def test_claude_code_writes_a_file_through_xml_tool_calls(clis, real_pair, tmp_p
 def test_codex_runs_a_command_through_xml_tool_calls(clis, real_pair, tmp_path, work):
     port = free_port()
     env = _codex_env(tmp_path, port)
-    ask = "Call the exec_command tool with cmd set to: echo hi > hello.txt . After it runs, reply: done."
+    ask = "Call exec_command once, then reply: done. The command: echo hi > hello.txt"
     cli = f'{env} timeout 600 "{clis}/codex" exec --skip-git-repo-check --dangerously-bypass-approvals-and-sandbox "{ask}"'
-    # each retry reads its 6K-token prompt from the cache and answers in seconds: many are cheap (at
-    # temperature 1 the 1.5B called the tool in 1 of 1 and 1 of 6 runs here)
-    run = _in_netns(tmp_path, real_pair, f'cd "{work}" && {_tries(cli, work / "hello.txt", 30)}', port,
-                    _flagship(real_pair, 1.0))
+    # greedy (Codex sends no temperature): the pair calls the tool on its first answer (measured here,
+    # AMD EPYC: 2 requests, 74 s in all); a second run reads the prompt from the cache, should another
+    # CPU's numerics make the first answer text
+    run = _in_netns(tmp_path, real_pair, f'cd "{work}" && {_tries(cli, work / "hello.txt", 2)}', port,
+                    _flagship(real_pair, 0))
     log = (tmp_path / "serve.log").read_text()
     assert run.returncode == 0, (run.stdout[-2000:], run.stderr[-2000:], log[-3000:])
     assert (work / "hello.txt").read_text().strip() == "hi", (run.stdout[-2000:], log[-3000:])

@@ -60,7 +60,8 @@ def test_allow_from_and_forwarded_for(tiny):
         assert _get(f"{a}/health", headers={"X-Forwarded-For": "192.0.2.50"}).status_code == 200
         assert _get(f"{a}/health", headers={"X-Forwarded-For": "198.51.100.1"}).status_code == 403
         assert _get(f"{a}/health", headers={"X-Forwarded-For": "10.1.2.3, 198.51.100.1"}).status_code == 403
-        r = httpx.post(f"{a}/v1/completions", json={"prompt": "a b", "max_tokens": 3}, headers={"X-Forwarded-For": "10.9.9.9"})
+        r = httpx.post(f"{a}/v1/completions", json={"prompt": "a b", "max_tokens": 3, "ignore_eos": True},
+                       headers={"X-Forwarded-For": "10.9.9.9"})
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3
         # the same header from a peer that is not a trusted proxy is ignored
         assert _get(f"{b}/health", headers={"X-Forwarded-For": "10.1.2.3"}).status_code == 403

@@ -71,7 +71,8 @@ def test_up_real_pair_in_tmux_dashboard_request_ctrl_c(real_pair, tmp_path):
         assert "1 done" in screen and "8 tokens out" in screen  # the start-up smoke request (8 tokens)
         client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=120)
         r = client.chat.completions.create(model="coder-1.5b", max_tokens=16, temperature=0,
-                                           messages=[{"role": "user", "content": "Write a Python hello world."}])
+                                           messages=[{"role": "user", "content": "Write a Python hello world."}],
+                                           extra_body={"ignore_eos": True})
         assert r.usage.completion_tokens == 16
         moved = wait_for(lambda: (s := tmux.screen()) and "2 done" in s and "24 tokens out" in s and s, 15)
         assert moved, f"counters did not move:\n{tmux.screen()}"

@@ -2,7 +2,7 @@
 in-process, a compare against an unchanged served instance that passes within the tolerances, a
 compare against one with speculation off (in-process) that must flag the regression, and bad input (another
 preset's baseline, another machine's, a missing file, a tolerance that does not parse) as one clear
-line before any check runs. Short settings (context 512, 16-token generations) keep it to minutes."""
+line before any check runs. Short settings (context 512, 8-token generations) keep it to minutes."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ import pytest
 from conftest import ROOT, run_cli
 from support.live import free_port, wait_exit
 
-SHORT = ["--decode-tokens", "16", "--repeats", "1", "--context-margin", "256", "--json"]
+SHORT = ["--decode-tokens", "8", "--repeats", "1", "--context-margin", "256", "--json"]
 
 
 
