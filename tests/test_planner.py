@@ -137,9 +137,9 @@ def test_the_mtp_preset_fits_24gib_at_110k_and_counts_its_head(infos):
 def test_mtp_context_terms_match_llama_cpp(infos, standins, tmp_path):
     """The MTP head's cache and weights against what llama.cpp allocates (a small MTP-shaped model,
     real allocation), its compute buffer against the 27B stand-in's (no_alloc)."""
-    from support.tinymodels import write_mtp_model
+    from app.gguf.synthetic import write_mtp_standin
 
-    small = write_mtp_model(tmp_path / "mtp.gguf")
+    small = write_mtp_standin(tmp_path / "mtp.gguf")
     info = read_model_info(small)
     for ctx, seq, fa in ((4096, 1, True), (8192, 2, False)):
         got = measure(small, ctx, n_seq_max=seq, flash_attn=fa, n_rs_seq=4, mtp=True)

@@ -138,8 +138,9 @@ class PromptCache:
                                             and kv.common_prefix(s.cached, slot.cached) == n for s in self.slots):
             return
         if not self.saved.covers(slot.owner, slot.cached):
+            drafter = self.drafter.saved_state(slot.id) if self.drafter is not None else None
             self.saved.add(slot.owner, slot.cached, self.target.save_seq(slot.id), slack=self.BORROW_MIN,
-                           checkpoints=self.checkpoints.of(slot.id))
+                           checkpoints=self.checkpoints.of(slot.id), drafter=drafter)
 
     def _restore(self, slot: Slot, entry: Saved) -> None:
         """The slot's cache becomes a saved copy (one copy into free cells of the pool); where the pool
@@ -150,6 +151,8 @@ class PromptCache:
         if self.free_cells(need, keep={slot.id}, mine=slot) >= need and self.target.load_seq(slot.id, entry.data):
             slot.cached = list(entry.tokens)
             self.checkpoints.give(slot.id, entry.checkpoints)
+            if self.drafter is not None and entry.drafter is not None:
+                self.drafter.restore_state(slot.id, entry.drafter)
 
     def drop(self, slot: Slot) -> None:
         """Empty a slot's cache (the target's, and the drafter's state for it)."""

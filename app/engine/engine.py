@@ -209,11 +209,16 @@ class Engine:
         return slot.sampler.sample(self.target.ptr, idx)
 
     def finish(self, slot: Slot, reason: str) -> RequestRecord:
+        """The slot's request ends; its cache is left holding exactly `slot.cached` (a step that broke
+        off after its verify decode left more: a server closing the failed request's job, or a
+        consumer that stopped, leaves no advanced recurrent state or head cache behind)."""
         assert slot.record is not None
         slot.record.finish_reason = reason
         if self.drafter is not None:
             self.drafter.finish_request(slot.id, slot.tokens)
         record, slot.request = slot.record, None
+        if self.target.pos_max(slot.id) >= len(slot.cached):
+            self.cache.truncate(slot, len(slot.cached))
         return record
 
     # -- one step for several slots -----------------------------------------------------------
@@ -233,10 +238,14 @@ class Engine:
         if not slots:
             return ended
         before = self._before_verify(slots, drafts)
-        rows, t_verify = self._verify_decode(slots, drafts)
-        kept = [self._keep(s, drafts[s.id], rows[s.id], ks[s.id], t_draft[s.id], t_verify, before.get(s.id))
-                for s in slots]
-        self._replay()
+        try:
+            rows, t_verify = self._verify_decode(slots, drafts)
+            kept = [self._keep(s, drafts[s.id], rows[s.id], ks[s.id], t_draft[s.id], t_verify, before.get(s.id))
+                    for s in slots]
+            self._replay()
+        except BaseException:  # the slots' requests end (`finish` cuts each cache back to its record)
+            self._replays = []
+            raise
         return ended + kept
 
     def _before_verify(self, slots: Sequence[Slot], drafts: dict[int, Draft]) -> dict[int, object]:
@@ -417,11 +426,9 @@ class Engine:
             slot.record.t_generate = time.perf_counter() - t0 - slot.record.t_prompt
             self.finish(slot, finish)
         finally:
-            if slot.request is not None:  # stopped early (client gone, error): keep what is consistent
+            if slot.request is not None:  # stopped early (client gone, error): `finish` keeps what is consistent
                 slot.record.t_generate = time.perf_counter() - t0 - slot.record.t_prompt
                 self.finish(slot, "cancelled")
-            if self.target.pos_max(slot.id) >= len(slot.cached):  # a step broke off mid-way
-                self.cache.truncate(slot, len(slot.cached))
 
 
 def can_roll_back(ctx: Context) -> bool:

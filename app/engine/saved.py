@@ -28,10 +28,11 @@ class Saved:
     # the slot's context checkpoints (checkpoints.Checkpoint) when it was saved: a recurrent or
     # sliding-window cache loaded from here can still go back to them
     checkpoints: list = field(default_factory=list)
+    drafter: Any = None  # what the drafter keeps of it (Drafter.saved_state: an MTP head's cells), or None
 
     @property
     def nbytes(self) -> int:
-        return len(self.data) + sum(c.nbytes for c in self.checkpoints)
+        return len(self.data) + sum(c.nbytes for c in self.checkpoints) + getattr(self.drafter, "nbytes", 0)
 
 
 class SavedPrompts:
@@ -60,11 +61,12 @@ class SavedPrompts:
                      key=lambda x: x[1], default=(None, 0))
         return None if hit is None or n == 0 else (hit, n)
 
-    def add(self, owner: str, tokens: Sequence[int], data: Any, slack: int = 0, checkpoints: Sequence = ()) -> bool:
+    def add(self, owner: str, tokens: Sequence[int], data: Any, slack: int = 0, checkpoints: Sequence = (),
+            drafter: Any = None) -> bool:
         """Keep a copy. The owner's entries it holds go, all but their last `slack` tokens (an earlier
         turn of the same conversation), then the least recently used until it fits. False when the
         copy alone is larger than the bound."""
-        entry = Saved(owner, list(tokens), data, list(checkpoints))
+        entry = Saved(owner, list(tokens), data, list(checkpoints), drafter)
         if entry.nbytes > self.max_bytes:
             return False
         for e in [e for e in self.entries if e.owner == owner

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from collections import Counter
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -94,11 +95,11 @@ class ModelInfo:
     def is_nextn(self, layer: int) -> bool:
         return layer >= self.n_trunk
 
-    @property
+    @cached_property
     def tensor_bytes(self) -> int:
         return sum(t.n_bytes for t in self.tensors)
 
-    @property
+    @cached_property
     def quantization(self) -> str:
         """The file type, else the tensor type that holds most bytes."""
         if self.file_type:

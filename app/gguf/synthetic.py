@@ -300,3 +300,21 @@ def small(s: Shape, n_vocab: int = 4096) -> Shape:
                        bos=n_vocab - 2, eos=n_vocab - 1)
     return replace(s, name=s.name + "-small", n_layer=12, n_embd=512, n_ff=1024, n_head=4, n_head_kv=2,
                    n_vocab=n_vocab, context_length=16384, sliding_window=min(s.sliding_window, 256))
+
+
+def write_mtp_standin(path: Path, seed: int = 3, n_vocab: int = 256, state_weight: float = 1.0,
+                      embd_scale: float = 16.0, output_scale: float = 10.0) -> Path:
+    """Qwen3.6-27B-MTP's architecture at a small shape (hybrid trunk + one nextn block), F32 random
+    weights arranged so that the MTP head's drafts depend on both of its inputs, as a trained head's
+    do: the token embedding dominates each of the target's hidden states (so the target's next token
+    is mostly a function of its current one, which the head sees too), and the head's `eh_proj` maps
+    [embedding | target state] to the embedding plus a norm-preserving (orthogonal) turn of the state
+    times `state_weight`. At 1.0 the state weighs as much as the embedding: a head fed a zero or a
+    stale state drafts other tokens, so a test can tell right state handling from wrong (llama.cpp
+    normalises both halves before the projection, `enorm` and `hnorm`)."""
+    shape = replace(small(SHAPES["qwen3.6-27b-mtp"], n_vocab), weight_type=T.F32, embd_type=T.F32)
+    n = shape.n_embd
+    turn, _ = np.linalg.qr(np.random.default_rng(seed).standard_normal((n, n)))
+    through = np.concatenate([np.eye(n), turn * state_weight], axis=1).astype(np.float32)
+    return write_random(path, shape, seed=seed, scale={"output.weight": output_scale, "token_embd.weight": embd_scale},
+                        values={f"blk.{shape.n_layer}.nextn.eh_proj.weight": through})

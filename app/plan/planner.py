@@ -229,7 +229,11 @@ def evaluate(target: ModelInfo, draft: ModelInfo | None, c: Candidate, device: D
 
 # -- the search -------------------------------------------------------------------------------
 
-def _choices(req: PlanRequest, target: ModelInfo, draft: ModelInfo | None) -> tuple[list, list, list, list]:
+MTP_DRAFT_MAX = 3  # an MTP head is trained one step ahead: llama.cpp's draft-mtp n_max until real weights say more
+
+
+def _choices(req: PlanRequest, target: ModelInfo, draft: ModelInfo | None,
+             mtp: bool = False) -> tuple[list, list, list, list]:
     if req.cache_type_k or req.cache_type_v:
         kv = [(req.cache_type_k or req.cache_type_v or "f16", req.cache_type_v or req.cache_type_k or "f16")]
     else:
@@ -237,7 +241,10 @@ def _choices(req: PlanRequest, target: ModelInfo, draft: ModelInfo | None) -> tu
     recurrent = bool(target.n_recurrent_layers or (draft and draft.n_recurrent_layers))
     parallel = [req.parallel] if req.parallel else ([2, 1] if recurrent else [4, 2, 1])
     ubatch = [req.n_ubatch] if req.n_ubatch else [512, 256]
-    dmax = [req.draft_max] if req.draft_max is not None else ([8, 4] if recurrent else [8])
+    if req.draft_max is not None:
+        dmax = [req.draft_max]
+    else:
+        dmax = [MTP_DRAFT_MAX] if mtp else ([8, 4] if recurrent else [8])
     return kv, parallel, ubatch, dmax
 
 
@@ -295,7 +302,7 @@ def make_plan(target: ModelInfo, draft: ModelInfo | None, req: PlanRequest, hw: 
     device, budget, source, reserve, margin = _budget(req, hw)
     ctx_wanted = req.ctx or preset_ctx or min(target.context_length or 32768, 32768)
     _check_request(req, target, draft, device, ctx_wanted)
-    kv, parallel, ubatch, dmax = _choices(req, target, draft)
+    kv, parallel, ubatch, dmax = _choices(req, target, draft, mtp)
     models = [target] + ([draft] if draft else [])
     usable = lambda k, v, fa: not any(M.kv_incompatibility(m, k, v, fa, device) for m in models)  # noqa: E731
     attention = _attention(req, device)

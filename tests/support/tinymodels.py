@@ -105,25 +105,3 @@ def write_tiny_model(
     writer.write_tensors_to_file()
     writer.close()
     return path
-
-
-def write_mtp_model(path: Path, seed: int = 3, n_vocab: int = 256, embd_scale: float = 16.0,
-                    output_scale: float = 10.0, state_weight: float = 0.1) -> Path:
-    """Qwen3.6-27B-MTP's architecture at a small shape (hybrid trunk + one nextn block), F32 random
-    weights arranged so the MTP head's guesses are related to the target's: the token embedding
-    dominates each hidden state, and the head's projection passes the token's embedding through. So
-    the head predicts some of what the target will (measured: 30 of 112 greedy drafts kept over 60
-    tokens) without being the target: drafts are kept and rejected."""
-    from dataclasses import replace
-
-    from gguf import GGMLQuantizationType as T
-
-    from app.gguf.synthetic import SHAPES, small, write_random
-
-    shape = replace(small(SHAPES["qwen3.6-27b-mtp"], n_vocab), weight_type=T.F32, embd_type=T.F32)
-    # [token embedding | target state] -> the embedding, plus a smaller random part of the state
-    through = np.random.default_rng(seed).standard_normal((shape.n_embd, 2 * shape.n_embd)).astype(np.float32)
-    through *= state_weight / np.sqrt(shape.n_embd)
-    through[:, : shape.n_embd] = np.eye(shape.n_embd, dtype=np.float32)
-    return write_random(path, shape, seed=seed, scale={"output.weight": output_scale, "token_embd.weight": embd_scale},
-                        values={f"blk.{shape.n_layer}.nextn.eh_proj.weight": through})

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -85,7 +86,11 @@ class AdaptiveDrafter(DrafterBase):
                 alt = [*cands[:i], self._model_candidate(a), *cands[i + 1:]]
                 cands, choices = self._better(choices, alt) or (cands, choices)
         choices = self.controller.probe_idle(cands, choices)
-        return [self._draft(a, x, ch, m) for a, x, ch, m in zip(asks, cands, choices, found)]
+        drafts = [self._draft(a, x, ch, m) for a, x, ch, m in zip(asks, cands, choices, found)]
+        pending = [(i, d) for i, d in enumerate(drafts) if isinstance(d, _ModelAsk)]
+        for (i, _), d in zip(pending, self._model_drafts([d for _, d in pending])):
+            drafts[i] = d
+        return drafts
 
     def _score_shadows(self, asks: Sequence[Ask]) -> None:
         """Evidence at no cost: where a text proposal was not drafted last step, the tokens the step
@@ -145,7 +150,9 @@ class AdaptiveDrafter(DrafterBase):
             return self._model_candidate(a)
         return Candidate(a.seq, "none", 0, 0.0)
 
-    def _draft(self, a: Ask, x: Candidate, choice: Choice, found: tuple[str, Match]) -> Draft:
+    def _draft(self, a: Ask, x: Candidate, choice: Choice, found: tuple[str, Match]) -> Draft | _ModelAsk:
+        """The step's draft for one sequence: the text found, nothing, or the model drafter's (asked
+        for in `_model_drafts`, all sequences' together)."""
         source, m = found
         drafts_model = self.model is not None and x.key == self.model.name
         if m.tokens and (choice.k <= 0 or drafts_model):  # scored against the next step's history
@@ -156,7 +163,6 @@ class AdaptiveDrafter(DrafterBase):
         if not drafts_model:
             self._proposed[a.seq] = (len(a.history), m.tokens)
             return Draft(m.tokens[: choice.k], None, source=source, match_len=m.depth, support=m.count, why=why)
-        behind = self.model.behind(a.seq, a.history)
         # a greedy draft the controller expects to pay ends at its first token neither sure nor worth
         # verifying (the controller's length prices an average token), or where it runs into text
         # found earlier (the next step copies it for free); where it was chosen over a text match, at
@@ -164,12 +170,30 @@ class AdaptiveDrafter(DrafterBase):
         greedy = a.sampling is None and choice.gain > 1.0
         k = a.k if greedy and not m.tokens else choice.k
         worth = DraftWorth(self.controller.costs, self._copied(a)) if greedy else None
-        t = time.perf_counter()
-        d = self.model.propose(a.seq, a.history, k, a.sampling, a.rng, worth)
-        if self.model.decodes and self.controller.learn_costs:
-            self._observe_model(time.perf_counter() - t, self.model.decodes, behind)
-        d.why = why
-        return d
+        return _ModelAsk(Ask(a.seq, a.history, k, a.sampling, a.rng), worth, why)
+
+    def _model_drafts(self, pending: list[_ModelAsk]) -> list[Draft]:
+        """The model drafter's drafts: the MTP head's for every sequence at once (one head decode per
+        draft step), a draft model's one sequence after another (each catches up on its own)."""
+        if not pending:
+            return []
+        if isinstance(self.model, MtpDrafter):
+            t = time.perf_counter()
+            drafts = self.model.propose_many([p.ask for p in pending], [p.worth for p in pending])
+            if self.model.decodes and self.controller.learn_costs:
+                self._observe_model(time.perf_counter() - t, self.model.decodes, 0)
+        else:
+            drafts = []
+            for p in pending:
+                a = p.ask
+                behind = self.model.behind(a.seq, a.history)
+                t = time.perf_counter()
+                drafts.append(self.model.propose(a.seq, a.history, a.k, a.sampling, a.rng, p.worth))
+                if self.model.decodes and self.controller.learn_costs:
+                    self._observe_model(time.perf_counter() - t, self.model.decodes, behind)
+        for p, d in zip(pending, drafts):
+            d.why = p.why
+        return drafts
 
     def _copied(self, a: Ask):
         """Has a model draft after `a.history` run into a copy (a lookup match of SHALLOW tokens or more)?"""
@@ -198,6 +222,8 @@ class AdaptiveDrafter(DrafterBase):
                 self.resume.parted(seq, start + n_accepted, proposed[n_accepted + 1:])
         else:
             self.controller.observe(draft.source, len(draft.tokens), n_accepted)
+            if self.model is not None and draft.source == self.model.name:
+                self.model.accepted(seq, draft, n_accepted)  # the MTP head drafts next from the last kept state
 
     def share_prefix(self, src: int, dst: int, prefix: Sequence[int]) -> None:
         if self.model is not None:
@@ -205,6 +231,13 @@ class AdaptiveDrafter(DrafterBase):
 
     def host_bytes(self) -> int:
         return sum(d.host_bytes() for d in (self.suffix, self.model) if d is not None)
+
+    def saved_state(self, seq: int) -> object | None:
+        return self.model.saved_state(seq) if self.model is not None else None
+
+    def restore_state(self, seq: int, state: object) -> None:
+        if self.model is not None:
+            self.model.restore_state(seq, state)
 
     def release(self, seq: int) -> None:
         for d in (self.lookup, self.model, self.suffix):
@@ -222,6 +255,16 @@ def adaptive_controller(costs: CostModel, learn_costs: bool = True) -> Controlle
     """The controller an AdaptiveDrafter decides with: the text drafters' prior acceptance per match
     depth, and the match groups that share evidence within a request."""
     return Controller(costs, learn_costs=learn_costs, priors={**LOOKUP_PRIORS, **SUFFIX_PRIORS}, group=match_group)
+
+
+@dataclass
+class _ModelAsk:
+    """A sequence's step drafted by the model drafter: its ask (the length to draft at most), the stop
+    rule of a greedy draft, the controller's reasons."""
+
+    ask: Ask
+    worth: DraftWorth | None
+    why: Why
 
 
 TEXT_SOURCES = ("lookup", "suffix", "resume")  # drafters that copy text (the controller learns them per match)

@@ -88,6 +88,15 @@ class Drafter(Protocol):
         """Forget a sequence (its slot is free)."""
         ...
 
+    def saved_state(self, seq: int) -> object | None:
+        """What the drafter keeps of a sequence when its prompt is saved to host memory (None: nothing;
+        a drafter that catches up by itself keeps nothing). Its `nbytes` counts against the bound."""
+        ...
+
+    def restore_state(self, seq: int, state: object) -> None:
+        """A saved prompt came back on `seq`, with what `saved_state` kept of it."""
+        ...
+
     def host_bytes(self) -> int:
         """Host memory the drafter's bounded caches hold (an index of earlier requests)."""
         ...
@@ -128,6 +137,12 @@ class DrafterBase:
         pass
 
     def release(self, seq: int) -> None:
+        pass
+
+    def saved_state(self, seq: int) -> object | None:
+        return None
+
+    def restore_state(self, seq: int, state: object) -> None:
         pass
 
     def host_bytes(self) -> int:

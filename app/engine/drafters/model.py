@@ -23,6 +23,13 @@ def top_probability(logits: np.ndarray, top: float | None = None) -> float:
     return 1.0 / float(np.exp(logits - np.float32(m)).sum(dtype=np.float64))
 
 
+def candidates_probability(logits: np.ndarray, k: int = 10) -> float:
+    """The argmax's probability among the k most likely tokens, as llama.cpp's drafts measure it
+    against p_min (a top-k 10 sampler's candidates, normalised over those)."""
+    top = np.partition(logits, -k)[-k:].astype(np.float64)
+    return 1.0 / float(np.exp(top - top.max()).sum())
+
+
 class DraftSamplers:
     """Per sequence, the sampler a draft's tokens are drawn with under rejection sampling: the
     request's, less penalties and grammar (their state follows the target's history; a draft token

@@ -11,30 +11,66 @@ state at the position before: (x_j, h_{j-1}) predicts x_{j+1}. So:
   head, as llama.cpp does for qwen35);
 - after verification the kept state is the one of the last token kept (`accepted`), and whatever the
   head cached past it is cut before it next decodes.
-Where the state before a position is not known (a prompt restored from host memory, a cache the
-head did not follow), zeros stand in, as llama.cpp's do: the drafts are weaker there, never wrong
-(the target verifies every token).
+The states the head can pair a position with are the last kept one, the last decode's rows and the
+one its first row was paired with: a replay after a recurrent rollback evaluates again from the
+verify's first position, and finds the state before it there. A prompt saved to host memory
+(`--cache-ram`) keeps the head's cells and last state with the target's (`saved_state`), as
+llama-server saves the draft context with the slot's. Where the state before a position is not
+known (a cache the head did not follow), zeros stand in, as llama.cpp's do: the drafts are weaker
+there, never wrong (the target verifies every token).
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
-from app.engine.drafters.base import Draft, DrafterBase
-from app.engine.drafters.model import DraftSamplers, pick
-from app.engine.drafters.worth import DraftWorth
+from app.engine.drafters.base import Ask, Draft, DrafterBase
+from app.engine.drafters.model import DraftSamplers, candidates_probability, pick
+from app.engine.drafters.worth import SURE, DraftWorth
 from app.engine.sampling import SamplingParams
 from app.errors import SpecdeckError
 from app.llama import nextn
 from app.llama.context import Batch, Context, DecodeError
 
 VERIFY_ROWS = 65  # a run of at most this many tokens is a verify batch: its states are kept for `accepted`
+log = logging.getLogger("specdeck.engine")
+
+
+@dataclass
+class HeadState:
+    """What a saved prompt keeps of the head: its cells for the sequence (llama.cpp's sequence
+    state) and the target state its next evaluation pairs with (position, row)."""
+
+    cells: np.ndarray
+    last: tuple[int, np.ndarray] | None
+
+    @property
+    def nbytes(self) -> int:
+        return len(self.cells) + (self.last[1].nbytes if self.last is not None else 0)
 
 
 class NoMtpHead(SpecdeckError):
     """The target has no nextn (MTP) layers to draft with."""
+
+
+@dataclass
+class _Chain:
+    """One sequence's draft in progress: the token to decode next, where, with which state."""
+
+    i: int  # its ask's index
+    seq: int
+    pos: int  # the draft's first position (the history's last token)
+    token: int
+    state: np.ndarray
+    k: int
+    sampler: object | None
+    rng: np.random.Generator | None
+    worth: DraftWorth | None
+    row: int = -1  # its row in the head's last batch
 
 
 class MtpDrafter(DrafterBase):
@@ -42,17 +78,22 @@ class MtpDrafter(DrafterBase):
 
     name = "mtp"
 
-    def __init__(self, target: Context, mtp: Context) -> None:
+    def __init__(self, target: Context, mtp: Context, p_min: float = SURE) -> None:
+        """`p_min`: a greedy draft not priced by the controller (`worth`) ends before its first token
+        below this probability among the head's 10 likeliest, as llama.cpp's draft-mtp ends it
+        (`--spec-draft-p-min`); 0: drafts always run to k."""
         if mtp.model.n_nextn <= 0:
             raise NoMtpHead(f"{mtp.model.path.name} has no MTP (nextn) layers")
         nextn.check_available()
         self.target, self.mtp = target, mtp
+        self.p_min = p_min
         self.decodes = 0  # the head decodes the last `propose` ran
         self.n_embd = target.model.n_embd_out
         self.batch = nextn.EmbdBatch(mtp.ptr, self.n_embd)
         self.zeros = np.zeros(self.n_embd, np.float32)
         self.last: dict[int, tuple[int, np.ndarray]] = {}  # per sequence: (position, target hidden state there)
         self.rows: dict[int, tuple[int, np.ndarray]] = {}  # per sequence: its last verify batch's (first position, states)
+        self.before: dict[int, tuple[int, np.ndarray]] = {}  # per sequence: the state its last run started from
         self._samplers = DraftSamplers(mtp.model.n_vocab)
         self.draft_seconds = 0.0  # in llama.cpp drafting (its evaluation after each target decode not counted)
         nextn.emit_hidden(target.ptr, masked=False)
@@ -68,13 +109,22 @@ class MtpDrafter(DrafterBase):
             self.mtp.clear()
             self.last.clear()
             self.rows.clear()
+            self.before.clear()
 
     # -- following the target -----------------------------------------------------------------
 
     def _state_before(self, seq: int, pos: int) -> np.ndarray:
-        """The target's hidden state at pos - 1, where it is known; zeros otherwise."""
+        """The target's hidden state at pos - 1, where it is known (the last kept state, a row of the
+        last decode, the state that decode started from); zeros otherwise."""
+        want = pos - 1
         last = self.last.get(seq)
-        return last[1] if last is not None and last[0] == pos - 1 else self.zeros
+        if last is not None and last[0] == want:
+            return last[1]
+        rows = self.rows.get(seq)
+        if rows is not None and rows[0] <= want < rows[0] + len(rows[1]):
+            return rows[1][want - rows[0]]
+        before = self.before.get(seq)
+        return before[1] if before is not None and before[0] == want else self.zeros
 
     def _align(self, seq: int, pos: int) -> None:
         """Make the head's cache for `seq` end right before `pos`: cut what lies at or past it (drafts,
@@ -88,17 +138,30 @@ class MtpDrafter(DrafterBase):
 
     def _follow(self, batch: Batch) -> None:
         """After a target decode: the head evaluates the same tokens, each with the target's state at
-        the position before (the batch's runs of one sequence are consecutive positions)."""
+        the position before (the batch's runs of one sequence are consecutive positions). It never
+        raises: the target's decode is done, and a head that could not follow starts again (its
+        cache for those sequences emptied, zeros for the state it lost)."""
         raw, n = batch.raw, len(batch)
         if n == 0:
             return
-        h = nextn.hidden_rows(self.target.ptr, n, self.n_embd)
         runs = _runs([int(raw.seq_id[i][0]) for i in range(n)])
+        try:
+            self._evaluate(raw, n, runs)
+        except Exception as e:  # noqa: BLE001 - the head is advice: the target's step goes on without it
+            log.warning("the MTP head could not follow the target's decode (%s): its cache starts again", e)
+            for seq, _, _ in runs:
+                self.mtp.seq_rm(seq, 0, -1)
+                self._forget(seq)
+
+    def _evaluate(self, raw, n: int, runs: list[tuple[int, int, int]]) -> None:
+        h = nextn.hidden_rows(self.target.ptr, n, self.n_embd)
         self.batch.clear()
+        starts = {}
         for seq, r0, r1 in runs:
             p0 = int(raw.pos[r0])
             self._align(seq, p0)
-            self.batch.add(int(raw.token[r0]), p0, seq, self._state_before(seq, p0), False)
+            starts[seq] = self._state_before(seq, p0)
+            self.batch.add(int(raw.token[r0]), p0, seq, starts[seq], False)
             for i in range(r0 + 1, r1):
                 self.batch.add(int(raw.token[i]), int(raw.pos[i]), seq, h[i - 1], False)
         try:
@@ -108,6 +171,7 @@ class MtpDrafter(DrafterBase):
                 self.mtp.seq_rm(seq, 0, -1)
         for seq, r0, r1 in runs:
             p0 = int(raw.pos[r0])
+            self.before[seq] = (p0 - 1, starts[seq].copy())
             self.last[seq] = (p0 + r1 - r0 - 1, h[r1 - 1].copy())
             if r1 - r0 <= VERIFY_ROWS:
                 self.rows[seq] = (p0, h[r0:r1].copy())
@@ -125,34 +189,58 @@ class MtpDrafter(DrafterBase):
     def propose(self, seq: int, history: Sequence[int], k: int, sampling: SamplingParams | None = None,
                 rng: np.random.Generator | None = None, worth: DraftWorth | None = None) -> Draft:
         """Up to k tokens chained over the head; a greedy draft given `worth` ends at its first token
-        not worth verifying."""
-        draft = Draft([], [] if sampling is not None else None, source=self.name)
+        not worth verifying, one without it before its first token below `p_min`."""
+        return self.propose_many([Ask(seq, history, k, sampling, rng)], [worth])[0]
+
+    def propose_all(self, asks: Sequence[Ask]) -> list[Draft]:
+        return self.propose_many(asks)
+
+    def propose_many(self, asks: Sequence[Ask], worths: Sequence[DraftWorth | None] | None = None) -> list[Draft]:
+        """Every sequence's draft with one head decode per draft step, a row for each sequence still
+        drafting (as llama.cpp's draft-mtp batches its slots): each head decode reads the head's
+        block and the whole output matrix, so a row more costs far less than a decode more.
+        `decodes` counts the head decodes it ran."""
+        drafts = [Draft([], [] if a.sampling is not None else None, source=self.name) for a in asks]
         self.decodes = 0
-        if k <= 0 or not history:
-            return draft
-        pos = len(history) - 1  # the last token: the target evaluates it in the verify batch
-        self._align(seq, pos)
-        sampler = self._samplers.get(seq, sampling) if sampling is not None else None
-        worth = worth if sampler is None else None
-        token, state = int(history[-1]), self._state_before(seq, pos)
-        for j in range(k):
-            if j and worth is not None and not worth.go_on(draft.tokens):
-                break
+        chains = [c for i, a in enumerate(asks) if (c := self._chain(i, a, worths[i] if worths else None))]
+        step = 0
+        while chains:
             self.batch.clear()
-            self.batch.add(token, pos + j, seq, state, True)
+            for c in chains:
+                c.row = self.batch.add(c.token, c.pos + step, c.seq, c.state, True)
             before = self.mtp.decode_seconds
             self.decodes += 1
             try:
                 self.mtp.process(self.batch)
-            except DecodeError:  # the head's pool is full: a shorter draft (the target goes on alone)
+            except DecodeError:  # the head's pool is full: shorter drafts (the target goes on alone)
                 break
             finally:
                 self.draft_seconds += self.mtp.decode_seconds - before
-            token = pick(self.mtp.logits(0), draft, sampler, rng, worth)
-            if token is None:
-                break
-            state = nextn.hidden_row(self.mtp.ptr, 0, self.n_embd)  # read before the next decode replaces it
-        return draft
+            chains = [c for c in chains if self._extend(c, drafts[c.i])]
+            step += 1
+        return drafts
+
+    def _chain(self, i: int, a: Ask, worth: DraftWorth | None) -> _Chain | None:
+        """Where ask i's draft starts: its last token (which the target evaluates in the verify batch)
+        at its position, with the state before it; None where it drafts nothing."""
+        if a.k <= 0 or not a.history:
+            return None
+        pos = len(a.history) - 1
+        self._align(a.seq, pos)
+        sampler = self._samplers.get(a.seq, a.sampling) if a.sampling is not None else None
+        return _Chain(i, a.seq, pos, int(a.history[-1]), self._state_before(a.seq, pos), a.k, sampler, a.rng,
+                      worth if sampler is None else None)
+
+    def _extend(self, c: _Chain, draft: Draft) -> bool:
+        """The token the last head decode gives chain c, appended to its draft; does the chain go on?"""
+        logits = self.mtp.logits(c.row)
+        if c.sampler is None and c.worth is None and self.p_min > 0 and candidates_probability(logits) < self.p_min:
+            return False
+        token = pick(logits, draft, c.sampler, c.rng, c.worth)
+        if token is None or len(draft.tokens) >= c.k or (c.worth is not None and not c.worth.go_on(draft.tokens)):
+            return False
+        c.token, c.state = token, nextn.hidden_row(self.mtp.ptr, c.row, self.n_embd).copy()
+        return True
 
     def behind(self, seq: int, history: Sequence[int]) -> int:
         """The head never catches up: it evaluated the prompt with the target."""
@@ -167,11 +255,27 @@ class MtpDrafter(DrafterBase):
         if n > 0:
             self.mtp.seq_cp(src, dst, 0, n)
 
+    def saved_state(self, seq: int) -> HeadState:
+        """The head's part of a prompt saved to host memory: its cells and the state it goes on from."""
+        last = self.last.get(seq)
+        return HeadState(self.mtp.save_seq(seq), (last[0], last[1].copy()) if last is not None else None)
+
+    def restore_state(self, seq: int, state: HeadState) -> None:
+        """A saved prompt came back on `seq` (its target state loaded): the head's with it, or, where
+        llama.cpp refuses the cells, an empty head cache (it follows from the next decode on)."""
+        self.release(seq)
+        if self.mtp.load_seq(seq, state.cells) and state.last is not None:
+            self.last[seq] = state.last
+
     def release(self, seq: int) -> None:
-        self.last.pop(seq, None)
-        self.rows.pop(seq, None)
+        self._forget(seq)
         self._samplers.forget(seq)
         self.mtp.seq_rm(seq, 0, -1)
+
+    def _forget(self, seq: int) -> None:
+        self.last.pop(seq, None)
+        self.rows.pop(seq, None)
+        self.before.pop(seq, None)
 
     def close(self) -> None:
         self.follow(False)
