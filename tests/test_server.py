@@ -247,11 +247,17 @@ def test_qwen_chat_completion_fim_stream_stop(qwen_server):
     assert "a + b" in inf["content"]
 
 
+FIB = ("def fibonacci(n: int) -> list[int]:\n    \"\"\"Return the first n Fibonacci numbers.\"\"\"\n    out = [0, 1]\n"
+       "    while len(out) < n:\n        out.append(out[-1] + out[-2])\n    return out[:n]\n")
+
+
 def test_qwen_speculation_on_off_identical(qwen_server):
     """Greedy with speculation on equals it off, but for llama.cpp's batch numerics (FACTS.md: a
     logit may move by up to ~0.8 between a batch of one and a larger one): where the texts part, the
-    first token that differs must be a near tie, the two tokens' log-probabilities within 1.0."""
-    body = {"model": "coder-1.5b", "prompt": "def fibonacci(n: int) -> list[int]:\n    \"\"\"Return the first n Fibonacci numbers.\"\"\"\n",
+    first token that differs must be a near tie, the two tokens' log-probabilities within 1.0. The
+    answer copies a function of the prompt, so drafts are proposed whatever the controller thinks of
+    the draft model on this CPU (prompt lookup is free; the draft model alone once drafted nothing)."""
+    body = {"model": "coder-1.5b", "prompt": FIB + "\n\n# The same function, copied exactly:\n" + FIB.split("\n")[0] + "\n",
             "max_tokens": 48, "temperature": 0, "logprobs": 2}
     on = httpx.post(qwen_server + "/v1/completions", json=body, timeout=120).json()
     off = httpx.post(qwen_server + "/v1/completions", json={**body, "speculative": {"enabled": False}}, timeout=120).json()

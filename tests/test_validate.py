@@ -77,6 +77,19 @@ def test_validate_saves_a_baseline_then_compares_a_changed_setup(real_pair):
         assert len(record["digests"]["target"]) == 64 and record["plan"]["ctx"] == 512 and record["date"].startswith("20")
         assert record["figures"] == f and record["revision"] == 1
 
+        # bad input: another preset's baseline, another machine's: one clear line from the preflight
+        # (the server's status against the record), before any check runs
+        for edit, words in ((lambda r: r.update(preset="coder-1.5b"), "is a baseline of preset 'coder-1.5b'"),
+                            (lambda r: r["machine"].update(cpu="Another CPU"), "recorded on another machine")):
+            other = saved.with_name("other.json")
+            rec = json.loads(saved.read_text())
+            edit(rec)
+            other.write_text(json.dumps(rec))
+            t = time.monotonic()
+            code, _, err = validate("--url", served.url, "--compare", str(other))
+            assert code == 1 and words in err and "Traceback" not in err, err
+            assert time.monotonic() - t < 60  # refused before the checks
+
     # changed: the same pair served in-process with speculation off (the draft not loaded)
     code, data, err = validate(*models, "--no-speculative", *SHORT, "--compare")
     assert code == 1, [x["text"] for x in data.get("comparison") or []]
@@ -84,16 +97,6 @@ def test_validate_saves_a_baseline_then_compares_a_changed_setup(real_pair):
     assert {c["name"]: c["status"] for c in data["checks"]}["health"] == "ok"
 
     # bad input: one clear line, nothing run
-    for edit, words in ((lambda r: r.update(preset="coder-1.5b"), "is a baseline of preset 'coder-1.5b'"),
-                        (lambda r: r["machine"].update(cpu="Another CPU"), "recorded on another machine")):
-        other = saved.with_name("other.json")
-        rec = json.loads(saved.read_text())
-        edit(rec)
-        other.write_text(json.dumps(rec))
-        t = time.monotonic()
-        code, _, err = validate(*models, "--compare", str(other))
-        assert code == 1 and words in err and "Traceback" not in err, err
-        assert time.monotonic() - t < 120  # refused after loading, before the checks
     code, _, err = validate(*models, "--compare", str(saved.with_name("missing.json")))
     assert code == 1 and "no baseline at" in err
     saved.with_name("junk.json").write_text("{not json")
