@@ -23,11 +23,15 @@ def top_probability(logits: np.ndarray, top: float | None = None) -> float:
     return 1.0 / float(np.exp(logits - np.float32(m)).sum(dtype=np.float64))
 
 
-def candidates_probability(logits: np.ndarray, k: int = 10) -> float:
-    """The argmax's probability among the k most likely tokens, as llama.cpp's drafts measure it
-    against p_min (a top-k 10 sampler's candidates, normalised over those)."""
+def below_p_min(logits: np.ndarray, p_min: float, k: int = 10) -> bool:
+    """Is the argmax's probability among the k most likely tokens below p_min, as llama.cpp's drafts
+    measure it (a top-k 10 sampler's candidates, normalised over those)? Its probability over the
+    whole vocabulary is never larger, so the partition (1.4 ms at 248K rows, against 0.24 ms for the
+    softmax) runs only for a token that may end the draft."""
+    if top_probability(logits) >= p_min:
+        return False
     top = np.partition(logits, -k)[-k:].astype(np.float64)
-    return 1.0 / float(np.exp(top - top.max()).sum())
+    return 1.0 / float(np.exp(top - top.max()).sum()) < p_min
 
 
 class DraftSamplers:

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from app.engine.drafters.base import Ask, Draft, DrafterBase
-from app.engine.drafters.model import DraftSamplers, candidates_probability, pick
+from app.engine.drafters.model import DraftSamplers, below_p_min, pick
 from app.engine.drafters.worth import SURE, DraftWorth
 from app.engine.sampling import SamplingParams
 from app.errors import SpecdeckError
@@ -234,12 +234,13 @@ class MtpDrafter(DrafterBase):
     def _extend(self, c: _Chain, draft: Draft) -> bool:
         """The token the last head decode gives chain c, appended to its draft; does the chain go on?"""
         logits = self.mtp.logits(c.row)
-        if c.sampler is None and c.worth is None and self.p_min > 0 and candidates_probability(logits) < self.p_min:
+        if c.sampler is None and c.worth is None and self.p_min > 0 and below_p_min(logits, self.p_min):
             return False
         token = pick(logits, draft, c.sampler, c.rng, c.worth)
         if token is None or len(draft.tokens) >= c.k or (c.worth is not None and not c.worth.go_on(draft.tokens)):
             return False
-        c.token, c.state = token, nextn.hidden_row(self.mtp.ptr, c.row, self.n_embd).copy()
+        # a view of the head's output: every chain's row goes into the next batch before its decode
+        c.token, c.state = token, nextn.hidden_row(self.mtp.ptr, c.row, self.n_embd)
         return True
 
     def behind(self, seq: int, history: Sequence[int]) -> int:
