@@ -24,6 +24,7 @@ import os
 import statistics
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -121,7 +122,8 @@ def memory_rows(plan, role: str, alloc, device: str, path: Path) -> list[dict]:
         on_dev = alloc.total
     rows += [("KV cache", planned.get(f"{role} KV cache", 0), on_dev("KV")),
              ("recurrent state", planned.get(f"{role} recurrent state", 0), on_dev("RS")),
-             ("compute buffer", planned.get(f"{role} compute buffer", 0), on_dev("compute"))]
+             ("compute buffer", planned.get(f"{role} compute buffer", planned.get(f"{role} compute (hidden-state output)", 0)),
+              on_dev("compute"))]
     return [{"model": role, "term": n, "planned": p, "measured": m,
              "ratio": (p / m) if m else None} for n, p, m in rows if p or m]
 
@@ -201,7 +203,11 @@ def main(argv: list[str] | None = None) -> int:
     threads = 2 if device == "cpu" else 8
 
     before = vram_used()
-    tm, tc, t_alloc = load(t_path, plan.target, threads, load_mtp=mtp)
+    # c_verify(k) is timed up to k = 16 in one sequence, past the plan's cap on a decode's logits rows
+    # (slots x (1 + draft length)): llama.cpp refuses a batch over it, so the timed context gets 16
+    # (the compute buffer's logits phase is then 16 rows, not the layer phase that sets its size)
+    t_params = replace(plan.target, n_outputs_max=max(plan.target.n_outputs_max, max(KS)))
+    tm, tc, t_alloc = load(t_path, t_params, threads, load_mtp=mtp)
     rows = memory_rows(plan, "target", t_alloc, device, t_path)
     target = Stream(tc, tm.n_vocab)
     if mtp:

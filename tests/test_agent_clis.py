@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -159,8 +160,18 @@ def test_claude_code_writes_a_file_through_xml_tool_calls(clis, real_pair, tmp_p
     run = _in_netns(tmp_path, real_pair, f'cd "{work}" && {_tries(cli, target)}', port, _flagship(real_pair, 0))
     log = (tmp_path / "serve.log").read_text()
     assert run.returncode == 0, (run.stdout[-2000:], run.stderr[-2000:], log[-3000:])
-    assert target.read_text().strip() == "hi", log[-3000:]
+    written = _written(log, "content")
+    assert written, log[-3000:]
+    assert target.read_text().strip() == written[-1].strip(), (written, log[-3000:])
     _round_trip(log, "Write")
+
+
+def _written(log: str, parameter: str) -> list[str]:
+    """What the model's XML calls carried in `parameter`, in order. The file must hold the last: the
+    small model sometimes writes again after its tool result (in CI it wrote "hi", then "hi", then
+    "hello"; Claude Code's prompt carries today's date, so the same greedy run differs day by day)."""
+    pattern = re.compile(rf"<parameter={parameter}>\n(.*?)\n?</parameter>", re.S)
+    return [m for t in _answers(log)[1:] for m in pattern.findall(t["completion"])]
 
 
 def test_codex_runs_a_command_through_xml_tool_calls(clis, real_pair, tmp_path, work):

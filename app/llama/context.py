@@ -100,6 +100,7 @@ class Context:
         cp.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED if p.flash_attn else llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
         cp.n_threads = cp.n_threads_batch = n_threads
         cp.no_perf = True
+        cp.n_outputs_max = p.n_outputs_max
         if p.embeddings:
             cp.embeddings = True
             cp.pooling_type = llama_cpp.LLAMA_POOLING_TYPE_MEAN if _pooling_of(model) == llama_cpp.LLAMA_POOLING_TYPE_NONE \
@@ -141,13 +142,23 @@ class Context:
         if rc != 0:
             raise DecodeError(f"{what} failed ({rc}): {_DECODE_ERRORS.get(rc, 'unknown error')}")
 
+    def _within_outputs(self, n_out: int) -> None:
+        """A batch may ask for at most the context's n_outputs_max logits rows: llama.cpp aborts the
+        process on more (its compute buffer was sized for that many). Refused here instead."""
+        cap = self.params.n_outputs_max
+        if cap and n_out > cap:
+            raise DecodeError(f"a batch asks for {n_out} logits rows; this context was made for {cap} "
+                              "(n_outputs_max: slots x (1 + draft length))")
+
     def decode(self, batch: Batch) -> None:
+        self._within_outputs(batch.n_out)
         self._run("llama_decode", lambda: llama_cpp.llama_decode(self.ptr, batch.raw))
         if self.after_decode is not None:
             self.after_decode(batch)
 
     def process(self, batch: EmbdBatch) -> None:
         """Decode an extended batch (tokens with hidden-state rows: an MTP context's input)."""
+        self._within_outputs(batch.n_out)
         self._run("llama_process", lambda: llama_cpp.llama_process(self.ptr, llama_cpp.LLAMA_PROCESS_TYPE_DECODE, batch.raw))
 
     def embedding(self, seq: int) -> np.ndarray:

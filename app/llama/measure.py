@@ -15,9 +15,13 @@ from gguf import GGMLQuantizationType
 
 from app.errors import SpecdeckError
 from app.llama.backend import capture_llama_log
+from app.llama.nextn import emit_hidden
 
 MiB = 1024 * 1024
 _LINE = re.compile(r"(\S+)\s+(model|KV|RS|compute|output) buffer size =\s+([\d.]+) MiB")
+# at a context's end llama.cpp says how large its compute buffer grew (a decode may need more than
+# the graph reserved at its start: with hidden-state output on, for one)
+_FINAL = re.compile(r"(\S+) compute buffer size is\s+([\d.]+) MiB")
 KV_TYPE_IDS = {name: int(GGMLQuantizationType[name.upper()]) for name in
                ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl")}
 
@@ -66,6 +70,8 @@ def measure(
     n_gpu_layers: int = 0,
     no_alloc: bool = False,
     mtp: bool = False,
+    n_outputs_max: int = 0,
+    hidden: bool = False,
 ) -> Allocation:
     """Load `path`, create a context with these parameters, free both; return what llama.cpp allocated.
 
@@ -73,7 +79,10 @@ def measure(
     still really allocates (and reports) the recurrent state and output buffer, and sizes the
     compute buffer from its first prompt graph. With `mtp`, the model is loaded with its MTP layers
     and an MTP context is made beside the target's: what that context allocates is returned under
-    kinds prefixed "mtp " ("mtp KV", "mtp compute", "mtp output")."""
+    kinds prefixed "mtp " ("mtp KV", "mtp compute", "mtp output"). `n_outputs_max`: the most logits
+    rows one decode may ask for (0: n_batch, llama.cpp's default); an MTP context gets n_seq_max. With
+    `hidden`, the target context hands out every token's hidden state (as it does for an MTP head)
+    and decodes one full ubatch: the compute buffer it then holds is under "compute after a decode"."""
     with capture_llama_log() as lines:
         mp = llama_cpp.llama_model_default_params()
         mp.n_gpu_layers = n_gpu_layers
@@ -94,12 +103,16 @@ def measure(
                 llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attn else llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
             )
             cp.n_threads = cp.n_threads_batch = 1
+            cp.n_outputs_max = n_outputs_max
             made.append(llama_cpp.llama_init_from_model(model, cp))
             if not made[-1]:
                 raise SpecdeckError(f"{path}: llama.cpp could not create a context with n_ctx={n_ctx}")
+            if hidden:
+                _decode_a_ubatch(made[0], min(n_ubatch, n_batch, n_ctx))
             if mtp:
                 n_target_lines = len(lines)
                 cp.ctx_type, cp.ctx_other, cp.n_rs_seq = llama_cpp.LLAMA_CONTEXT_TYPE_MTP, made[0], 0
+                cp.n_outputs_max = n_seq_max if n_outputs_max else 0
                 made.append(llama_cpp.llama_init_from_model(model, cp))
                 if not made[-1]:
                     raise SpecdeckError(f"{path}: llama.cpp could not create an MTP context")
@@ -108,9 +121,21 @@ def measure(
                 if ctx:
                     llama_cpp.llama_free(ctx)
             llama_cpp.llama_model_free(model)
+    final = [m for m in map(_FINAL.search, lines) if m]
     if not mtp:
-        return parse_allocation(lines)
-    alloc = parse_allocation(lines[:n_target_lines])
-    for kind, bufs in parse_allocation(lines[n_target_lines:]).by_kind.items():
-        alloc.by_kind[f"mtp {kind}"] = bufs
+        alloc = parse_allocation(lines)
+    else:
+        alloc = parse_allocation(lines[:n_target_lines])
+        for kind, bufs in parse_allocation(lines[n_target_lines:]).by_kind.items():
+            alloc.by_kind[f"mtp {kind}"] = bufs
+    if hidden and final:  # contexts are freed in reverse: the target's line is the last
+        alloc.by_kind["compute after a decode"] = {final[-1].group(1): round(float(final[-1].group(2)) * MiB)}
     return alloc
+
+
+def _decode_a_ubatch(ctx, n: int) -> None:
+    """One decode of n tokens (one ubatch), with hidden-state output on for every token."""
+    emit_hidden(ctx, False)
+    tokens = (llama_cpp.llama_token * n)(*[5 + i % 100 for i in range(n)])
+    if llama_cpp.llama_decode(ctx, llama_cpp.llama_batch_get_one(tokens, n)) != 0:
+        raise SpecdeckError("llama.cpp could not decode the measuring batch")

@@ -82,11 +82,12 @@ class EmbdBatch:
             raise SpecdeckError("llama.cpp could not create an extended batch")
         self.n_embd = n_embd
         self.n = 0
+        self.n_out = 0  # entries that asked for logits
         self._pos = (llama_cpp.llama_pos * 4)()
 
     def clear(self) -> None:
         llama_cpp.llama_batch_ext_clear(self.raw)
-        self.n = 0
+        self.n = self.n_out = 0
 
     def add(self, token: int, pos: int, seq: int, row: np.ndarray, logits: bool) -> int:
         """Append one entry; returns its index (what `Context.logits` and `hidden_row` take)."""
@@ -101,6 +102,7 @@ class EmbdBatch:
             raise SpecdeckError("extended batch refused a position or a hidden-state row")
         if logits:
             llama_cpp.llama_batch_ext_set_output_logits(self.raw, idx, True)
+            self.n_out += 1
         self.n += 1
         return idx
 

@@ -22,3 +22,6 @@ class ModelParams:
     n_rs_seq: int
     n_gpu_layers: int
     embeddings: bool = False  # a pooled embedding context (no logits)
+    # the most logits rows one decode asks for (0: n_batch): llama.cpp sizes the compute buffer's
+    # output layer for this many, as llama-server does (n_parallel x (1 + n_draft) on its target)
+    n_outputs_max: int = 0

@@ -169,8 +169,11 @@ def safety_margin(budget: int) -> int:
 
 
 def _shape(info: ModelInfo, c: Candidate, n_rs_seq: int, n_outputs: int) -> M.ContextShape:
+    """A model's context for this candidate; its output rows capped as llama-server caps them: each
+    slot's `n_outputs` rows (the target verifies its last token and a draft: 1 + draft_max)."""
     return M.context_shape(c.ctx, c.parallel, c.type_k, c.type_v, n_ubatch=c.n_ubatch, flash_attn=c.flash_attn,
-                           n_rs_seq=n_rs_seq if info.n_recurrent_layers else 0, n_outputs=n_outputs)
+                           n_rs_seq=n_rs_seq if info.n_recurrent_layers else 0, n_outputs=n_outputs,
+                           n_outputs_max=min(M.context_shape(c.ctx, 1, c.type_k, c.type_v).n_batch, c.parallel * n_outputs))
 
 
 # tokens per embedding input at most (one sequence, evaluated in one ubatch): a code chunk. llama.cpp
@@ -191,18 +194,19 @@ def evaluate(target: ModelInfo, draft: ModelInfo | None, c: Candidate, device: D
     head drafts (no draft model)."""
     t_ngl = target.n_layers + 1 if c.n_gpu_layers is None else c.n_gpu_layers
     t_cs = _shape(target, c, c.draft_max, c.draft_max + 1)
-    terms = model_terms("target", target, t_cs, t_ngl if device == "cuda" else 0, device, buffers)
+    terms = model_terms("target", target, t_cs, t_ngl if device == "cuda" else 0, device, buffers, hidden=mtp)
     d_params = None
     if draft is not None:
         d_cs = _shape(draft, c, c.draft_max, 1)
         terms += model_terms("draft", draft, d_cs, draft.n_layers + 1 if device == "cuda" else 0, device, buffers)
         d_params = ModelParams(d_cs.n_ctx, d_cs.n_batch, d_cs.n_ubatch, c.parallel, True, c.type_k, c.type_v,
-                               c.flash_attn, False, d_cs.n_rs_seq, draft.n_layers + 1 if device == "cuda" else 0)
+                               c.flash_attn, False, d_cs.n_rs_seq, draft.n_layers + 1 if device == "cuda" else 0,
+                               n_outputs_max=d_cs.n_outputs_max)
     m_params = None
     if mtp:
         terms += mtp_terms(target, t_cs, device)
         m_params = ModelParams(t_cs.n_ctx, t_cs.n_batch, t_cs.n_ubatch, c.parallel, True, c.type_k, c.type_v,
-                               c.flash_attn, False, 0, t_ngl if device == "cuda" else 0)
+                               c.flash_attn, False, 0, t_ngl if device == "cuda" else 0, n_outputs_max=c.parallel)
     e_params = None
     if embedder is not None:
         e_cs, e_ngl = embedding_shape(embedder), embedder.n_layers + 1 if device == "cuda" else 0
@@ -219,7 +223,8 @@ def evaluate(target: ModelInfo, draft: ModelInfo | None, c: Candidate, device: D
     terms.append(Term("runtime reserve", reserve, "device", "CUDA context, driver, display" if device == "cuda" else "Python, libraries, server"))
     terms.append(Term("safety margin", margin, "device"))
     t_params = ModelParams(t_cs.n_ctx, t_cs.n_batch, t_cs.n_ubatch, c.parallel, True, c.type_k,
-                           c.type_v, c.flash_attn, False, t_cs.n_rs_seq, t_ngl if device == "cuda" else 0)
+                           c.type_v, c.flash_attn, False, t_cs.n_rs_seq, t_ngl if device == "cuda" else 0,
+                           n_outputs_max=t_cs.n_outputs_max)
     plan = Plan(device, budget, budget_source, terms, False, c.ctx, ctx_wanted, c.parallel, c.draft_max,
                 t_params, d_params, host_available, embedding=e_params, checkpoints=c.checkpoints if sum(ck) else 0,
                 checkpoint_bytes=ck if c.checkpoints else (0, 0), mtp=m_params)

@@ -32,9 +32,10 @@ def extra_copies(role: str, info: ModelInfo, ngl: int, buffers: tuple[str, ...],
 
 
 def model_terms(role: str, info: ModelInfo, cs: M.ContextShape, ngl: int, device: Device,
-                buffers: tuple[str, ...]) -> list[Term]:
+                buffers: tuple[str, ...], hidden: bool = False) -> list[Term]:
     """Weights (less MTP blocks: llama.cpp skips them unless an MTP context is made; `mtp_terms`
-    counts them), KV cache, recurrent state and buffers of one model."""
+    counts them), KV cache, recurrent state and buffers of one model. `hidden`: the context hands
+    out every token's hidden state (for an MTP head), which its compute buffer holds too."""
     nextn = M.nextn_bytes(info)
     if device == "cpu":
         out = [Term(f"{role} weights", M.data_bytes(info) - nextn, "device", f"{info.quantization}, mapped")]
@@ -51,7 +52,9 @@ def model_terms(role: str, info: ModelInfo, cs: M.ContextShape, ngl: int, device
     if info.n_recurrent_layers:
         out.append(Term(f"{role} recurrent state", M.recurrent_state_bytes(info, cs), "device",
                         f"{info.n_recurrent_layers} layers x {cs.n_seq} slots x (1 + {cs.n_rs_seq} rollback snapshots)"))
-    out.append(Term(f"{role} compute buffer", M.compute_bytes(info, cs), "device", f"n_ubatch {cs.n_ubatch}"))
+    rows = f"n_ubatch {cs.n_ubatch}, {min(cs.n_ubatch, cs.n_outputs_max or cs.n_ubatch)} logits rows"
+    out.append(Term(f"{role} compute (hidden-state output)" if hidden else f"{role} compute buffer",
+                    M.compute_bytes(info, cs, hidden), "device", rows))
     out.append(Term(f"{role} output buffer", M.output_bytes(info, cs), "host" if device == "cuda" else "device",
                     f"{cs.n_outputs} logits rows x {cs.n_seq} slots"))
     return out
@@ -63,9 +66,10 @@ def mtp_terms(info: ModelInfo, cs: M.ContextShape, device: Device) -> list[Term]
     of every token the target decodes, which it reads."""
     where: Literal["device", "host"] = "host" if device == "cuda" else "device"
     mtp_cs = M.context_shape(cs.n_ctx, cs.n_seq, cs.type_k, cs.type_v, n_batch=cs.n_batch, n_ubatch=cs.n_ubatch,
-                             flash_attn=cs.flash_attn)
+                             flash_attn=cs.flash_attn, n_outputs_max=cs.n_seq)  # one draft row per slot a decode
     return [Term("MTP head weights", M.nextn_bytes(info), "device", f"{info.n_nextn} nextn layer(s), from the target's file"),
             Term("MTP KV cache", M.kv_bytes(info, mtp_cs, nextn=True), "device", f"{cs.n_ctx:,} cells, K {cs.type_k}, V {cs.type_v}"),
-            Term("MTP compute buffer", M.compute_bytes(info, mtp_cs), "device", f"n_ubatch {cs.n_ubatch}"),
+            Term("MTP compute buffer", M.compute_bytes(info, mtp_cs), "device", f"n_ubatch {cs.n_ubatch}, {cs.n_seq} logits rows"),
             Term("MTP output buffer", M.output_bytes(info, mtp_cs), where, f"1 logits row x {cs.n_seq} slots"),
-            Term("target hidden states", 4 * info.n_embd * cs.n_batch, where, f"{cs.n_batch} rows of {info.n_embd} floats")]
+            Term("target hidden-state output buffer", 4 * info.n_embd * cs.n_batch, where,
+                 f"{cs.n_batch} rows of {info.n_embd} floats")]

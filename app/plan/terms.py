@@ -17,7 +17,7 @@ held against its own buffer-size log lines by the tests:
   with AMX first packs Q4_0/Q4_1/Q8_0/Q4_K/Q5_K/Q6_K/IQ4_XS/F16 weights whose shapes fit its
   tiles into an `AMX` buffer. Which of these a build has is read from the build, not assumed.
 - compute: the scheduler keeps the largest of the prompt graphs: the logits phase
-  4·n_ubatch·(n_vocab + 3·n_embd), or a layer phase: with flash attention the f16 mask
+  4·(rows·n_vocab + 3·n_ubatch·n_embd), rows = min(n_ubatch, n_outputs_max), or a layer phase: with flash attention the f16 mask
   2·n_kv·n_ubatch plus 4·n_ubatch·(3·n_ff + 2·n_embd); without it the f32 scores and mask
   4·n_kv·n_ubatch·(n_head + 1) plus 4·n_ubatch·n_ff; or a recurrent layer's phase (below).
 - output: 4·n_vocab·rows, rows = the most logits rows asked for at once (at least n_seq_max).
@@ -69,16 +69,18 @@ class ContextShape:
     swa_full: bool = False
     n_rs_seq: int = 0
     n_outputs: int = 1  # most logits rows per sequence asked for at once
+    n_outputs_max: int = 0  # most logits rows of one decode the compute buffer is sized for (0: n_batch)
 
 
 def context_shape(
     n_ctx: int, n_seq: int, type_k: str, type_v: str, n_batch: int = 2048, n_ubatch: int = 512,
     flash_attn: bool = True, swa_full: bool = False, n_rs_seq: int = 0, n_outputs: int = 1,
+    n_outputs_max: int = 0,
 ) -> ContextShape:
     """llama.cpp's adjustments to a requested context (unified KV pool)."""
     batch = min(n_ctx, n_batch)
     return ContextShape(pad(n_ctx, CTX_PAD), batch, min(batch, n_ubatch), max(1, n_seq), type_k, type_v,
-                        flash_attn, swa_full, n_rs_seq, n_outputs)
+                        flash_attn, swa_full, n_rs_seq, n_outputs, n_outputs_max)
 
 
 # -- KV cache and recurrent state --------------------------------------------------------------
@@ -310,11 +312,15 @@ def cpu_repack_bytes(info: ModelInfo, n_gpu_layers: int = 0) -> int:
 
 # -- buffers ----------------------------------------------------------------------------------
 
-def compute_bytes(info: ModelInfo, cs: ContextShape) -> int:
-    """Estimate of the scheduler's compute buffer: the larger of the logits and the layer phase."""
+def compute_bytes(info: ModelInfo, cs: ContextShape, hidden: bool = False) -> int:
+    """Estimate of the scheduler's compute buffer: the larger of the logits and the layer phase.
+    The logits phase holds n_vocab floats per output row: a ubatch's worth unless the context caps
+    its output rows (n_outputs_max). `hidden`: every token's hidden state is a graph output too (an MTP
+    head's input), kept through the logits phase."""
     ub, n_vocab, n_embd = cs.n_ubatch, info.vocab.size, info.n_embd
     n_ff = info.n_ff or 4 * n_embd
-    logits = 4 * ub * (n_vocab + 3 * n_embd)
+    rows = min(ub, cs.n_outputs_max or ub)
+    logits = 4 * (rows * n_vocab + (4 if hidden else 3) * ub * n_embd)
     n_kv = cs.n_ctx
     mask = 2 * n_kv * ub if cs.flash_attn else 4 * n_kv * ub
     if info.n_swa_layers:  # sliding-window layers have a mask of their own

@@ -42,7 +42,7 @@ def render_plan(plan: Plan, title: str) -> Group:
         if params:
             p.add_column(name)
     for key in ("n_ctx", "n_batch", "n_ubatch", "n_seq_max", "kv_unified", "type_k", "type_v", "flash_attn",
-                "swa_full", "n_rs_seq", "n_gpu_layers"):
+                "swa_full", "n_rs_seq", "n_gpu_layers", "n_outputs_max"):
         p.add_row(key, *[str(getattr(params, key)) for _, params in columns if params])
     parts.append(p)
     summary = (f"context {plan.ctx:,} tokens (wanted {plan.ctx_wanted:,}), {plan.parallel} slot(s) sharing one "
