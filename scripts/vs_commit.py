@@ -56,7 +56,8 @@ def _plan_and_load(tree: Path, preset: str, threads: int):
     target, draft = _pair_info(preset)
     plan = make_plan(target, draft, PlanRequest(ctx=4096, ctx_is_user_choice=True, parallel=1, draft_max=16),
                      detect(), 4096)
-    plan = dataclasses.replace(plan, target=dataclasses.replace(plan.target, flash_attn=False),
+    rows = {"n_outputs_max": 49} if hasattr(plan.target, "n_outputs_max") else {}  # adaptive verifies up to 48 drafted
+    plan = dataclasses.replace(plan, target=dataclasses.replace(plan.target, flash_attn=False, **rows),
                                draft=dataclasses.replace(plan.draft, flash_attn=False))
     return load(plan, target, draft, threads)
 

@@ -72,6 +72,8 @@ def calibrate(target: Context, draft: Context | None, k_max: int, reps: int = 3,
     which the verify times include)."""
     prefix = min(64, target.n_ctx // 4)
     k_max = min(k_max, target.n_ctx - prefix - 2)
+    if target.params.n_outputs_max:  # a verify of more rows than the context was made for is refused
+        k_max = min(k_max, target.params.n_outputs_max - 1)
     _prefix(target, seq, prefix)
     prefill = None
     if draft is not None:  # the draft's prefill rate (warm): what catching up with a prompt costs it

@@ -82,6 +82,8 @@ class Engine:
         # recurrent / hybrid models can roll back only as many tokens as they keep snapshots for;
         # with checkpoints, a draft longer than that is verified from a checkpoint taken before it
         self.draft_limit = draft_limit if draft_limit is not None else 64
+        if target.params.n_outputs_max:  # every slot's last token and draft fit the context's logits rows
+            self.draft_limit = min(self.draft_limit, max(0, target.params.n_outputs_max // n_slots - 1))
         self.snapshots = target.params.n_rs_seq if target.model.is_recurrent else None
         if self.snapshots is not None and not self.cache.checkpoints.enabled:
             self.draft_limit = min(self.draft_limit, self.snapshots)
