@@ -91,11 +91,14 @@ def test_answers_unlike_plain_decoding_are_named_by_turn_and_mode():
 
 
 def test_llama_server_tokens_per_decode_from_its_timings():
-    """Each decode yields one token plus the drafts it kept: 96 tokens with 64 drafts accepted took 32 decodes."""
+    """Each decode after the prompt's yields one token plus the drafts it kept: 97 tokens with 64 drafts
+    accepted took 32 decodes after the prompt's."""
     from app.commands.anchors import counted
 
-    assert counted({"predicted_n": 96, "predicted_ms": 8000.0, "draft_n": 80, "draft_n_accepted": 64}) == (96, 8.0, 3.0)
-    assert counted({"predicted_n": 10, "predicted_ms": 1000.0}) == (10, 1.0, 1.0)  # plain: no draft fields
+    # the first token comes with the prompt's decode (as specdeck's own records count it)
+    assert counted({"predicted_n": 97, "predicted_ms": 8000.0, "draft_n": 80, "draft_n_accepted": 64}) == (97, 8.0, 97 / 32)
+    assert counted({"predicted_n": 11, "predicted_ms": 1000.0}) == (11, 1.0, 1.1)  # plain: no draft fields
+    assert counted({"predicted_n": 1, "predicted_ms": 10.0}) == (1, 0.01, 1.0)  # the prompt's token alone
 
 
 def test_anchors_start_every_repeat_from_a_fresh_process(tiny, tmp_path):

@@ -318,3 +318,28 @@ def test_serve_draft_mtp_answers_with_head_drafts_and_a_target_without_one_is_re
             if command == "plan" else run_cli(command, "--target", str(plain), "--draft", "mtp")
         assert p.returncode != 0 and "no-head.gguf has no MTP (nextn) layers" in p.stdout + p.stderr, (p.stdout, p.stderr)
         assert "Traceback" not in p.stderr
+
+
+def test_verify_draft_mtp_on_token_id_prompts_is_lossless_and_bad_ids_are_one_line(mtp_file, tmp_path):
+    """`specdeck verify --draft mtp` with prompts given as token ids (a JSONL line {"tokens": [...]}:
+    the stand-in's vocabulary makes no text): speculation with the head answers what plain decoding
+    answers; an id past the vocabulary, a negative one or an empty list is one clear line."""
+    import json
+
+    from conftest import run_cli
+
+    prompts = tmp_path / "ids.jsonl"
+    prompts.write_text(json.dumps({"tokens": PROMPT, "kind": "ids"}) + "\n" + json.dumps({"tokens": PROMPT[:12]}) + "\n")
+    p = run_cli("verify", "--target", str(mtp_file), "--draft", "mtp", "--prompts", str(prompts), "--max-tokens", "48",
+                "--ctx", "1024", "--json")
+    assert p.returncode == 0, p.stderr
+    j = json.loads(p.stdout)
+    assert j["ok"] and [r["kind"] for r in j["prompts"]] == ["ids", "custom"]
+    assert [r["prompt_tokens"] for r in j["prompts"]] == [len(PROMPT), 12]
+    for r in j["prompts"]:
+        assert r["invariant_violations"] == 0 and r["identical"], r
+    for line, says in (('{"tokens": [5, 99999]}', "past the vocabulary"), ('{"tokens": [-1]}', '"tokens"'),
+                       ('{"tokens": []}', '"tokens"')):
+        prompts.write_text(line + "\n")
+        p = run_cli("verify", "--target", str(mtp_file), "--draft", "mtp", "--prompts", str(prompts), "--ctx", "1024")
+        assert p.returncode != 0 and says in p.stderr and "Traceback" not in p.stderr, (line, p.stderr)

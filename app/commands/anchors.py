@@ -12,6 +12,7 @@ import urllib.request
 from pathlib import Path
 
 from app.ops.client import wait_until_ready
+from app.plan.planner import MTP_DRAFT_MAX
 
 DRAFT_N_MAX = 8  # the draft model at a fixed length, greedy (our "draft" mode, and llama-server's draft-simple)
 ANCHOR_P_MIN = 0.75  # llama-server's best draft setting here (FACTS: n-max 8, p-min 0.75)
@@ -20,6 +21,12 @@ ANCHORS = {
     "llama_server_plain": [],
     "llama_server_draft": ["--spec-type", "draft-simple", "-md", "{draft}", "--spec-draft-n-max", str(DRAFT_N_MAX),
                            "--spec-draft-p-min", str(ANCHOR_P_MIN)],
+    "llama_server_lookup": ["--spec-type", "ngram-simple"],
+}
+MTP_ANCHORS = {  # bench --draft mtp: the head against llama.cpp's own MTP driver at the same length and p_min
+    "llama_server_plain": [],
+    "llama_server_draft_mtp": ["--spec-type", "draft-mtp", "--spec-draft-n-max", str(MTP_DRAFT_MAX),
+                               "--spec-draft-p-min", str(ANCHOR_P_MIN)],
     "llama_server_lookup": ["--spec-type", "ngram-simple"],
 }
 CARD_ANCHORS = {  # the card's regime (bench --f32-target): draft-simple at three lengths, the n-gram modes
@@ -130,9 +137,10 @@ class AnchorServers:
 
 
 def counted(timings: dict) -> tuple[int, float, float]:
-    """llama-server's `timings` as (generated tokens, seconds generating, tokens per target decode).
-    Each decode after the prompt's yields one token and the drafts it kept, so the decodes are the
-    generated tokens less the accepted drafts."""
+    """llama-server's `timings` as (generated tokens, seconds generating, tokens per target decode),
+    counted as specdeck counts its own: the first token comes with the prompt's decode, and each
+    decode after it yields one token and the drafts it kept, so the decodes are the generated tokens
+    less the first and the accepted drafts."""
     n = int(timings["predicted_n"])
-    decodes = n - int(timings.get("draft_n_accepted") or 0)
+    decodes = n - 1 - int(timings.get("draft_n_accepted") or 0)
     return n, float(timings["predicted_ms"]) / 1e3, n / decodes if decodes > 0 else 1.0

@@ -22,6 +22,7 @@ from app.commands.anchors import (
     AGENT_ANCHORS,
     ANCHORS,
     CARD_ANCHORS,
+    MTP_ANCHORS,
     AnchorServers,
     find_llama_server,
 )
@@ -93,7 +94,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     elif not args.no_anchors:
         log("anchors: no llama-server found (scripts/build_llama_server.sh builds one)")
     servers = (AnchorServers(server, target.path, draft.path if draft else None, n_threads, plan.ctx,
-                             AGENT_ANCHORS if agent else CARD_ANCHORS if getattr(args, "f32_target", False) else ANCHORS,
+                             AGENT_ANCHORS if agent else CARD_ANCHORS if getattr(args, "f32_target", False)
+                             else MTP_ANCHORS if sel.mtp else ANCHORS,
                              plan.target.flash_attn)
                if server else contextlib.nullcontext(None))
     with servers as up:

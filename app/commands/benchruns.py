@@ -17,6 +17,7 @@ from app.engine.drafters.mtp import MtpDrafter
 from app.engine.engine import Engine, Request, SpecParams
 from app.engine.loader import DRAFTER_KINDS, Loaded, build_drafter
 from app.llama.context import Context
+from app.plan.planner import MTP_DRAFT_MAX
 
 MODES = ("plain", "adaptive", "lookup", "draft")  # plain and adaptive side by side; the order flips each repeat
 CARD_MODES = ("plain", "adaptive", "lookup", "suffix", "draft")  # bench --f32-target: every single mode beside adaptive
@@ -104,7 +105,9 @@ def clear_index(drafter) -> None:
 
 def measure_one(loaded: Loaded, drafter, mode: str, ids: list[int], max_tokens: int, res: ModeResult):
     """One greedy request through a fresh engine with this mode's drafter; its figures go to `res`."""
-    n_max = ADAPTIVE_N_MAX if mode.startswith("adaptive") else DRAFT_N_MAX
+    # fixed-length draft mode: the draft model at llama-server draft-simple's length, the MTP head
+    # alone at draft-mtp's (the anchors' lengths)
+    n_max = ADAPTIVE_N_MAX if mode.startswith("adaptive") else MTP_DRAFT_MAX if loaded.mtp is not None else DRAFT_N_MAX
     if loaded.mtp is not None:  # the head follows the target only in the modes it drafts in
         loaded.mtp.follow(drafter is loaded.mtp or getattr(drafter, "model", None) is loaded.mtp)
     engine = Engine(loaded.target, drafter, 1, draft_limit=n_max, costs=getattr(drafter, "controller", None))

@@ -127,7 +127,8 @@ class EquivalenceReport:
 
 
 def load_prompts(path: Path | None) -> list[dict]:
-    """The built-in set, or a JSONL file of {"messages": [...]} / {"prompt": "..."} lines with an optional "kind"."""
+    """The built-in set, or a JSONL file of {"messages": [...]} / {"prompt": "..."} / {"tokens": [ids]}
+    lines with an optional "kind" (token ids: a model whose vocabulary makes no text, a stand-in)."""
     if path is None:
         return BUILTIN_PROMPTS
     out = []
@@ -142,15 +143,28 @@ def load_prompts(path: Path | None) -> list[dict]:
             item = json.loads(line)
         except json.JSONDecodeError as e:
             raise SpecdeckError(f"{path}:{n}: not JSON: {e.msg}") from None
-        if not isinstance(item, dict) or not (isinstance(item.get("prompt"), str) or isinstance(item.get("messages"), list)):
-            raise SpecdeckError(f'{path}:{n}: each line needs "prompt" (a string) or "messages" (a list)')
+        if not isinstance(item, dict) or not (isinstance(item.get("prompt"), str) or isinstance(item.get("messages"), list)
+                                              or _token_ids(item.get("tokens"))):
+            raise SpecdeckError(f'{path}:{n}: each line needs "prompt" (a string), "messages" (a list) or "tokens" '
+                                "(a list of token ids, not empty)")
         out.append(item)
     if not out:
         raise SpecdeckError(f"{path}: no prompts")
     return out
 
 
+def _token_ids(value) -> bool:
+    return isinstance(value, list) and bool(value) and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0
+                                                           for t in value)
+
+
 def prompt_tokens(tok: Tokenizer, item: dict) -> list[int]:
+    """A prompt line's token ids: given, or the chat or text tokenized."""
+    if "tokens" in item:
+        n_vocab = tok.model.n_vocab
+        if any(t >= n_vocab for t in item["tokens"]):
+            raise SpecdeckError(f"a prompt's token id is past the vocabulary ({n_vocab:,} tokens)")
+        return list(item["tokens"])
     if "messages" in item:
         return tok.chat_tokens(item["messages"])
     return tok.encode(item["prompt"])
