@@ -67,6 +67,8 @@ def gpu_snapshot() -> dict:
     snap["totals"]["errors"] = 3.0
     snap["slots"] = [{"id": i, "state": "generating" if i < 3 else "idle", "cached_tokens": 1000 * i, "generated": 10 * i,
                       "k": 6, "drafter": "draft", "drafted": 6, "accepted": 5} for i in range(6)]
+    snap["slots"][2].update(drafter="mtp", k=3, drafted=3, recent_tokens_per_decode=2.4375, recent_head_acceptance=0.717,
+                            recent_head_drafted=120)
     return snap
 
 
@@ -78,7 +80,9 @@ def test_gpu_figures_acceptance_errors_and_many_slots_still_fit():
     assert "0.81 last 30s · 0.77 all · tokens/step 4.25 · drafted/step 5.5" in text
     assert "3 errors" in text and "something went wrong" in text
     assert "VRAM " in text.split("plan", 1)[1].split("\n", 1)[0]  # the plan's budget is VRAM on a GPU
-    assert "#2 generating 20 tok · draft 6/6 draft" in text
+    assert "#1 generating 10 tok · draft 6/6 · cache 1,000" in text  # the last step's drafter, drafted / asked
+    # over the last 30 s: tokens per target decode, and the MTP head's acceptance
+    assert "#2 generating 20 tok · mtp 3/3 · cache 2,000 · 2.44/dec · head 72%" in text
     assert "+2 more (0 generating)" in text and "#4" not in text
 
 
@@ -126,7 +130,14 @@ def test_live_stats_windows_and_history():
     assert snap["recent_tokens_per_step"] == 41 / 11
     assert snap["recent_draft_length"] == 40 / 11 and snap["recent_draft_cap"] == 4
     assert snap["history"]["tokens_per_second"] == [4.0, 4.0]  # two whole 5 s buckets; the third still filling
-    assert stats.slot(0) == {"k": 4, "drafter": "draft", "drafted": 4, "accepted": 3} and stats.slot(7) == {}
+    assert stats.slot(0) == {"k": 4, "drafter": "draft", "drafted": 4, "accepted": 3, "recent_tokens_per_decode": 4.0,
+                             "recent_head_acceptance": None, "recent_head_drafted": 0}
+    assert stats.slot(7) == {"recent_tokens_per_decode": None, "recent_head_acceptance": None, "recent_head_drafted": 0}
+    for tokens, drafted, accepted, drafter in ((3, 3, 2, "mtp"), (1, 3, 0, "mtp"), (9, 8, 8, "lookup")):
+        stats.step(StepRecord(slot=2, tokens=list(range(tokens)), drafted=drafted, accepted=accepted, k=drafted,
+                              drafter=drafter, t_draft=0.0, t_verify=0.0, t_sample=0.0))
+    two = stats.slot(2)  # the head's acceptance from its own drafts only; tokens per decode from every step
+    assert (two["recent_head_acceptance"], two["recent_head_drafted"], two["recent_tokens_per_decode"]) == (2 / 6, 6, 13 / 3)
     clock.t += 31  # the 30 s window empties; history keeps the minute
     snap = stats.snapshot()
     assert snap["recent_acceptance"] is None and snap["recent_tokens_per_step"] is None

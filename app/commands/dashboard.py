@@ -134,6 +134,14 @@ def _name(path: str | None) -> str:
 
 # -- the screen --------------------------------------------------------------------------------
 
+def _slot_speed(s: dict) -> str:
+    """A slot's tokens per target decode over the last 30 s, and its MTP head's acceptance there."""
+    out = f" · {s['recent_tokens_per_decode']:.2f}/dec" if s.get("recent_tokens_per_decode") is not None else ""
+    if s.get("recent_head_acceptance") is not None:
+        out += f" · head {100 * s['recent_head_acceptance']:.0f}%"
+    return out
+
+
 def alert_lines(snap: dict) -> list[str]:
     """One line per raised alert: its name, since when, and what raised it."""
     out = []
@@ -189,9 +197,10 @@ def render(snap: dict) -> RenderableType:
     slots = snap.get("slots") or []
     for s in slots[:MAX_SLOT_ROWS]:
         busy = s.get("state") in ("generating", "prompt")
-        k = f" · draft {s.get('drafted', 0)}/{s['k']} {s.get('drafter', '')}" if busy and "k" in s else ""
+        k = f" · {s.get('drafter', '')} {s.get('drafted', 0)}/{s['k']}" if busy and "k" in s else ""
         made = f" {s.get('generated', 0)} tok" if busy else ""
         line = f"#{s['id']} [{'yellow' if busy else 'dim'}]{s.get('state', '?')}[/]{made}{k} · cache {s.get('cached_tokens', 0):,}"
+        line += _slot_speed(s)
         g.add_row("slot" if s is slots[0] else "", line)
     if len(slots) > MAX_SLOT_ROWS:
         more = slots[MAX_SLOT_ROWS:]

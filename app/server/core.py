@@ -255,6 +255,12 @@ def refresh_gauges(service: Service, metrics: Metrics) -> list:
     metrics.queue_limit.set(service.scheduler.max_queue)
     metrics.slots.set(len(service.scheduler.engine.slots))
     metrics.fallback.set(1 if service.fallback else 0)
+    for s in service.scheduler.engine.slots:
+        live = service.stats.slot(s.id)
+        for gauge, key in ((metrics.slot_tokens_per_decode, "recent_tokens_per_decode"),
+                           (metrics.slot_head_acceptance, "recent_head_acceptance")):
+            if live.get(key) is not None:
+                gauge.labels(str(s.id)).set(live[key])
     saved = service.scheduler.engine.cache.saved
     metrics.saved_bytes.set(saved.nbytes)
     metrics.cache_host_bytes.set(service.scheduler.engine.cache.host_bytes())

@@ -39,6 +39,10 @@ class Metrics:
         self.fallback = Gauge("specdeck_fallback_active",
                               "1 while a fallback serves in place of a start that failed (see /v1/status)", registry=r)
         self.alert = Gauge("specdeck_alert", "1 while the named alert is raised", ["name"], registry=r)
+        self.slot_tokens_per_decode = Gauge("specdeck_slot_tokens_per_decode",
+                                            "Tokens per target decode of the slot's steps, last 30 s", ["slot"], registry=r)
+        self.slot_head_acceptance = Gauge("specdeck_slot_mtp_head_acceptance",
+                                          "Accepted / drafted of the MTP head's drafts in the slot, last 30 s", ["slot"], registry=r)
         gpu = ["gpu"]
         self.gpu_temperature = Gauge("specdeck_gpu_temperature_celsius", "GPU temperature", gpu, registry=r)
         self.gpu_slowdown = Gauge("specdeck_gpu_temperature_slowdown_celsius", "Where the GPU starts to throttle", gpu, registry=r)

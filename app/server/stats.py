@@ -13,7 +13,10 @@ import time
 
 import psutil
 
+from app.engine.drafters.mtp import MtpDrafter
 from app.engine.records import RequestRecord, StepRecord
+
+HEAD = MtpDrafter.name  # a step's drafter when the target's MTP head drafted it
 
 
 class LiveStats:
@@ -24,6 +27,8 @@ class LiveStats:
         self.steps: collections.deque[tuple[float, int, int, int, int]] = collections.deque()  # t, tokens, drafted, accepted, k
         self.buckets: collections.OrderedDict[int, int] = collections.OrderedDict()  # bucket index -> tokens
         self.slot_last: dict[int, dict] = {}
+        # each slot's steps in the window: t, tokens, drafted, accepted, whether the MTP head drafted
+        self.slot_steps: dict[int, collections.deque[tuple[float, int, int, int, bool]]] = {}
         self.requests = 0
         self.last: dict | None = None  # the last finished request's timings
         self.ttfts: collections.deque[float] = collections.deque(maxlen=32)
@@ -40,6 +45,8 @@ class LiveStats:
             b = int((now - self.started) // self.bucket)
             self.buckets[b] = self.buckets.get(b, 0) + len(rec.tokens)
             self.slot_last[rec.slot] = {"k": rec.k, "drafter": rec.drafter, "drafted": rec.drafted, "accepted": rec.accepted}
+            self.slot_steps.setdefault(rec.slot, collections.deque()).append(
+                (now, len(rec.tokens), rec.drafted, rec.accepted, rec.drafter == HEAD))
             self._prune(now)
 
     def done(self, rec: RequestRecord) -> None:
@@ -56,6 +63,9 @@ class LiveStats:
     def _prune(self, now: float) -> None:
         while self.steps and now - self.steps[0][0] > self.window:
             self.steps.popleft()
+        for steps in self.slot_steps.values():
+            while steps and now - steps[0][0] > self.window:
+                steps.popleft()
         oldest = int((now - self.started - self.history) // self.bucket)
         while self.buckets and next(iter(self.buckets)) < oldest:
             self.buckets.popitem(last=False)
@@ -76,8 +86,17 @@ class LiveStats:
             return self._cpu_last
 
     def slot(self, slot_id: int) -> dict:
+        """The slot's last step, and over the window: tokens per target decode (every step is one
+        decode), and the MTP head's acceptance on the steps it drafted (None where it drafted none)."""
         with self.lock:
-            return dict(self.slot_last.get(slot_id, {}))
+            self._prune(self.clock())
+            steps = list(self.slot_steps.get(slot_id, ()))
+            last = dict(self.slot_last.get(slot_id, {}))
+        head = [s for s in steps if s[4]]
+        drafted = sum(s[2] for s in head)
+        return {**last, "recent_tokens_per_decode": sum(s[1] for s in steps) / len(steps) if steps else None,
+                "recent_head_acceptance": sum(s[3] for s in head) / drafted if drafted else None,
+                "recent_head_drafted": drafted}
 
     def snapshot(self) -> dict:
         now = self.clock()
