@@ -275,6 +275,31 @@ def test_mtp_under_the_adaptive_controller_with_lookup(model):
     out, steps = run(eng, Request(prompt=prompt, max_tokens=60, speculative=SpecParams(n_max=6), trace=True))
     assert all(s.tokens == s.target_argmax for s in steps)
     assert "mtp" in {s.drafter for s in steps}
+    # the head's drafts were priced and measured in the band of a short context
+    assert "mtp" in drafter.controller.acceptance and not any("@" in k for k in drafter.controller.acceptance)
+
+
+def test_the_heads_draft_length_follows_its_acceptance_at_the_slots_depth(model):
+    """The head's acceptance is measured per band of context depth (it falls as the context fills):
+    a band met for the first time starts from the shallower band's figure, and where the deeper band's
+    drafts are rejected the controller drafts shorter there while it drafts long near the start."""
+    from app.engine.drafters.adaptive import mtp_key
+
+    tc = Context(model, params(8), 1)
+    costs = CostModel({n: 0.01 + 0.001 * n for n in range(1, 10)})
+    costs.draft = 0.001
+    drafter = AdaptiveDrafter(adaptive_controller(costs, learn_costs=False), None, MtpDrafter(tc, Context(model, params(), 1, mtp_of=tc)))
+    c = drafter.controller
+    for _ in range(30):  # near the start the head is kept
+        c.observe(mtp_key(0), 3, 3)
+    deep = drafter._model_key(40_000)  # the first slot this deep: from 4K's figure, which is from the start's
+    assert deep == "mtp@16k" and abs(c.alpha(deep) - c.alpha("mtp")) < 0.01 and c.alpha(deep) > 0.8
+    assert [drafter._model_key(n) for n in (0, 4095, 4096, 16383, 16384, 49152, 110_000)] == \
+        ["mtp", "mtp", "mtp@4k", "mtp@4k", "mtp@16k", "mtp@48k", "mtp@48k"]
+    for _ in range(30):  # at 40K it is mostly not
+        c.observe(deep, 3, 0)
+    near, far = c.choose("mtp", 8, costs.draft), c.choose(deep, 8, costs.draft)
+    assert near.k > far.k and c.alpha(deep) < 0.3, (near, far)
 
 
 def test_a_model_without_nextn_layers_is_refused(tmp_path):

@@ -42,6 +42,7 @@ class AdaptiveDrafter(DrafterBase):
         # per sequence, its last text draft's whole proposal and where it started: where the target
         # parts from it, `resume` keeps what came after the token not kept
         self._proposed: dict[int, tuple[int, list[int]]] = {}
+        self._model_keys: dict[int, str] = {}  # per sequence, the controller key its model draft was priced under
         self.resume = Resume()
 
     def begin_request(self, seq: int, partition: str | None = "") -> None:
@@ -81,7 +82,7 @@ class AdaptiveDrafter(DrafterBase):
                 found, (cands, choices) = alt_found, better
         if self.model is not None:  # sequence by sequence: would the model drafter pay more than the text?
             for i, a in enumerate(asks):
-                if cands[i].key == self.model.name or a.k <= 0 or _copying(found[i], choices[i]):
+                if self._is_model(cands[i].key) or a.k <= 0 or _copying(found[i], choices[i]):
                     continue
                 alt = [*cands[:i], self._model_candidate(a), *cands[i + 1:]]
                 cands, choices = self._better(choices, alt) or (cands, choices)
@@ -140,7 +141,23 @@ class AdaptiveDrafter(DrafterBase):
     def _model_candidate(self, a: Ask) -> Candidate:
         """The draft model, with what catching up with this sequence's history costs first."""
         setup = self.controller.costs.catch_up(self.model.behind(a.seq, a.history))
-        return Candidate(None, self.model.name, a.k, self._model_cost(), setup)
+        return Candidate(None, self._model_key(len(a.history)), a.k, self._model_cost(), setup)
+
+    def _model_key(self, depth: int) -> str:
+        """The controller's key for the model drafter's acceptance. An MTP head's falls as the context
+        fills (published for Qwen3.6: 80-91 % near empty, ~53 % at 34K, 40-55 % at 86K), so its
+        acceptance is measured per depth band and its draft length follows the band the slot is in;
+        a band met for the first time starts from the shallower band's measure."""
+        if not isinstance(self.model, MtpDrafter):
+            return self.model.name
+        band = sum(depth >= b for b in MTP_DEPTH_BANDS)
+        for b in range(1, band + 1):  # shallowest first: each new band from the one before it
+            if mtp_key(b) not in self.controller.priors:
+                self.controller.priors[mtp_key(b)] = self.controller.alpha(mtp_key(b - 1))
+        return mtp_key(band)
+
+    def _is_model(self, key: str) -> bool:
+        return self.model is not None and (key == self.model.name or key.startswith(self.model.name + "@"))
 
     def _candidate(self, a: Ask, found: tuple[str, Match]) -> Candidate:
         source, m = found
@@ -154,7 +171,7 @@ class AdaptiveDrafter(DrafterBase):
         """The step's draft for one sequence: the text found, nothing, or the model drafter's (asked
         for in `_model_drafts`, all sequences' together)."""
         source, m = found
-        drafts_model = self.model is not None and x.key == self.model.name
+        drafts_model = self._is_model(x.key)
         if m.tokens and (choice.k <= 0 or drafts_model):  # scored against the next step's history
             self._shadow[a.seq] = (text_key(source, m), len(a.history), m.tokens)
         why = Why(choice.alpha, choice.gain, choice.reason)
@@ -170,6 +187,7 @@ class AdaptiveDrafter(DrafterBase):
         greedy = a.sampling is None and choice.gain > 1.0
         k = a.k if greedy and not m.tokens else choice.k
         worth = DraftWorth(self.controller.costs, self._copied(a)) if greedy else None
+        self._model_keys[a.seq] = x.key
         return _ModelAsk(Ask(a.seq, a.history, k, a.sampling, a.rng), worth, why)
 
     def _model_drafts(self, pending: list[_ModelAsk]) -> list[Draft]:
@@ -221,7 +239,9 @@ class AdaptiveDrafter(DrafterBase):
             if copying and n_accepted < len(draft.tokens) and proposed[: len(draft.tokens)] == draft.tokens:
                 self.resume.parted(seq, start + n_accepted, proposed[n_accepted + 1:])
         else:
-            self.controller.observe(draft.source, len(draft.tokens), n_accepted)
+            key = self._model_keys.pop(seq, draft.source) if self.model is not None and draft.source == self.model.name \
+                else draft.source
+            self.controller.observe(key, len(draft.tokens), n_accepted)
             if self.model is not None and draft.source == self.model.name:
                 self.model.accepted(seq, draft, n_accepted)  # the MTP head drafts next from the last kept state
 
@@ -247,6 +267,7 @@ class AdaptiveDrafter(DrafterBase):
 
     def _forget(self, seq: int) -> None:
         self._shadow.pop(seq, None)
+        self._model_keys.pop(seq, None)
         self._proposed.pop(seq, None)
         self.resume.forget(seq)
 
@@ -275,6 +296,15 @@ def text_key(source: str, m: Match) -> str:
     if source == "resume":
         return resume_key(m.depth)
     return suffix_key(m.depth, m.count) if source == "suffix" else lookup_key(m.depth)
+
+
+# where an MTP head's acceptance is measured apart: below 4K tokens of context, then up to 16K, 48K,
+# and beyond (the published acceptance falls from 80-91 % near empty to ~53 % at 34K)
+MTP_DEPTH_BANDS = (4096, 16384, 49152)
+
+
+def mtp_key(band: int) -> str:
+    return MtpDrafter.name if band == 0 else f"{MtpDrafter.name}@{MTP_DEPTH_BANDS[band - 1] // 1024}k"
 
 
 SHALLOW = 8  # a match shorter than this (tokens) may be chance: a short phrase, a common shape
