@@ -13,6 +13,9 @@ Cases, each a request or two of token ids (the stand-in's vocabulary makes no te
   restored   another prompt takes the one slot, then the conversation comes back: its cache is
              restored from host memory (`--cache-ram` on both sides)
   two slots  two prompts decoded at once (2 slots, one verify batch and one head batch per step)
+  fresh, replayed   the fresh prompt again on an engine that keeps 1 rollback snapshot: a draft
+             of 3 is verified from a context checkpoint, and a rejection past the snapshot puts
+             the state back and evaluates the kept tokens again (the head follows the replay)
 Every target decode of the hybrid stand-in's partly rejected drafts is a recurrent rollback:
 llama-server restores a checkpoint and evaluates the kept tokens again; specdeck rolls back through
 llama.cpp's rollback snapshots (n_rs_seq 3).
@@ -40,6 +43,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from app.commands.anchors import find_llama_server, free_port  # noqa: E402
+from app.engine.checkpoints import Checkpoints  # noqa: E402
 from app.engine.drafters.mtp import MtpDrafter  # noqa: E402
 from app.engine.engine import Engine, Request, SpecParams  # noqa: E402
 from app.gguf.synthetic import write_mtp_standin  # noqa: E402
@@ -153,10 +157,12 @@ def llama_server_runs(server: Path, model: Path, ps: list[list[int]], n: int, th
 
 # -- specdeck's engine ------------------------------------------------------------------------------
 
-def engine_for(model: Model, slots: int, threads: int) -> tuple[Engine, list[tuple[int, list[int]]]]:
+def engine_for(model: Model, slots: int, threads: int, snapshots: int = N_MAX) -> tuple[Engine, list[tuple[int, list[int]]]]:
     """The target and head contexts as a plan makes them (output rows capped as llama-server caps
-    them), the head drafting alone at length N_MAX with no p_min, and the drafts it makes, recorded."""
-    p = ModelParams(N_CTX, 2048, 512, slots, True, "f16", "f16", True, False, N_MAX, 0, n_outputs_max=slots * (1 + N_MAX))
+    them), the head drafting alone at length N_MAX with no p_min, and the drafts it makes, recorded.
+    `snapshots` below N_MAX: a draft longer than the recurrent rollback snapshots is verified from
+    a saved partial state (a context checkpoint), and a rollback past them replays the kept tokens."""
+    p = ModelParams(N_CTX, 2048, 512, slots, True, "f16", "f16", True, False, snapshots, 0, n_outputs_max=slots * (1 + N_MAX))
     target = Context(model, p, threads)
     hp = ModelParams(N_CTX, 2048, 512, slots, True, "f16", "f16", True, False, 0, 0, n_outputs_max=slots)
     head = MtpDrafter(target, Context(model, hp, threads, mtp_of=target), p_min=0.0)
@@ -169,7 +175,8 @@ def engine_for(model: Model, slots: int, threads: int) -> tuple[Engine, list[tup
         return out
 
     head.propose_all = recorded
-    return Engine(target, head, slots, draft_limit=N_MAX, saved_bytes=CACHE_RAM_MIB * 2**20), drafts
+    checkpoints = Checkpoints(target, 4, 256) if snapshots < N_MAX else None
+    return Engine(target, head, slots, draft_limit=N_MAX, saved_bytes=CACHE_RAM_MIB * 2**20, checkpoints=checkpoints), drafts
 
 
 def _request(ids: list[int], n: int) -> Request:
@@ -194,6 +201,16 @@ def specdeck_runs(model: Model, ps: list[list[int]], n: int, threads: int) -> di
     ask("other prompt", ps[2])
     ask("restored", conv + b["tokens"] + ps[1][8:16])
     out["restored"]["reused_tokens"] = engine.slots[0].record.reused_tokens  # the conversation's, from host memory
+    engine.drafter.close()
+
+    engine, drafts = engine_for(model, 1, threads, snapshots=1)
+    restores = []  # each replay puts the slot's partial state from before the verify back first
+    load_partial = engine.target.load_partial
+    engine.target.load_partial = lambda seq, data: restores.append(seq) or load_partial(seq, data)
+    steps = list(engine.generate(_request(ps[0], n)))
+    out["fresh, replayed"] = {"tokens": [t for s in steps for t in s.tokens], "drafted": sum(s.drafted for s in steps),
+                              "accepted": sum(s.accepted for s in steps), "drafts": [d for _, d in drafts],
+                              "replays": len(restores)}
     engine.drafter.close()
 
     engine, drafts = engine_for(model, 2, threads)
@@ -233,7 +250,7 @@ def compare(ours: dict, theirs: dict, n: int) -> list[dict]:
     candidates at the first differing position say whether it was a near-tie."""
     rows = []
     for name, o in ours.items():
-        t = theirs[name]
+        t = theirs[name.split(",")[0]]
         chains = t["drafts_by_slot"] if "drafts_by_slot" in t else [t["drafts"]]
         # two slots: llama-server's slot for this request is the one whose drafts agree with ours most
         their = max(chains, key=lambda c: sum(a[:1] == [p[0][0] for p in b][:1] for a, b in zip(o["drafts"], c)))
