@@ -222,7 +222,7 @@ def test_preset_context_shrinks_when_not_asked(infos):
 
 def test_user_context_kept_by_partial_offload(infos):
     plan = make_plan(infos["qwen3.6-27b"], infos["qwen3.5-0.8b"],
-                     PlanRequest(vram=20 * GiB, ctx=110_000, ctx_is_user_choice=True), NO_GPU, None)
+                     PlanRequest(vram=19 * GiB, ctx=110_000, ctx_is_user_choice=True), NO_GPU, None)
     assert plan.ctx == 110_000 and plan.target.n_gpu_layers <= 64
     assert any("target layers fit on the GPU" in w for w in plan.warnings)
 
