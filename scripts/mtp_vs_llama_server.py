@@ -64,6 +64,15 @@ def prompts(vocab: int, n: int = 4, length: int = 40) -> list[list[int]]:
     return [[int(t) for t in rng.integers(8, vocab - 8, length)] for _ in range(n)]
 
 
+def conversation(ask, ps: list[list[int]]) -> None:
+    """The one-slot cases, the same on both sides: `ask(name, ids)` answers one request."""
+    a = ask("fresh", ps[0])
+    conv = ps[0] + a["tokens"] + ps[1][:8]
+    b = ask("resent", conv)
+    ask("other prompt", ps[2])
+    ask("restored", conv + b["tokens"] + ps[1][8:16])
+
+
 # -- llama-server ---------------------------------------------------------------------------------
 
 class LlamaServer:
@@ -129,11 +138,7 @@ def llama_server_runs(server: Path, model: Path, ps: list[list[int]], n: int, th
             out[name] = r
             return r
 
-        a = ask("fresh", ps[0])
-        conv = ps[0] + a["tokens"] + ps[1][:8]
-        b = ask("resent", conv)
-        ask("other prompt", ps[2])
-        ask("restored", conv + b["tokens"] + ps[1][8:16])
+        conversation(ask, ps)
     finally:
         one.close()
     two = LlamaServer(server, model, 2, threads, work / "two.log")
@@ -179,6 +184,11 @@ def engine_for(model: Model, slots: int, threads: int, snapshots: int = N_MAX) -
     return Engine(target, head, slots, draft_limit=N_MAX, saved_bytes=CACHE_RAM_MIB * 2**20, checkpoints=checkpoints), drafts
 
 
+def _summary(steps: list, drafts: list[list[int]]) -> dict:
+    return {"tokens": [t for s in steps for t in s.tokens], "drafted": sum(s.drafted for s in steps),
+            "accepted": sum(s.accepted for s in steps), "drafts": drafts}
+
+
 def _request(ids: list[int], n: int) -> Request:
     return Request(prompt=ids, max_tokens=n, speculative=SpecParams(n_max=N_MAX), stop_tokens=set())
 
@@ -189,17 +199,10 @@ def specdeck_runs(model: Model, ps: list[list[int]], n: int, threads: int) -> di
 
     def ask(name: str, ids: list[int]) -> dict:
         drafts.clear()
-        steps = list(engine.generate(_request(ids, n)))
-        r = {"tokens": [t for s in steps for t in s.tokens], "drafted": sum(s.drafted for s in steps),
-             "accepted": sum(s.accepted for s in steps), "drafts": [d for _, d in drafts]}
-        out[name] = r
-        return r
+        out[name] = _summary(list(engine.generate(_request(ids, n))), [d for _, d in drafts])
+        return out[name]
 
-    a = ask("fresh", ps[0])
-    conv = ps[0] + a["tokens"] + ps[1][:8]
-    b = ask("resent", conv)
-    ask("other prompt", ps[2])
-    ask("restored", conv + b["tokens"] + ps[1][8:16])
+    conversation(ask, ps)
     out["restored"]["reused_tokens"] = engine.slots[0].record.reused_tokens  # the conversation's, from host memory
     engine.drafter.close()
 
@@ -208,9 +211,7 @@ def specdeck_runs(model: Model, ps: list[list[int]], n: int, threads: int) -> di
     load_partial = engine.target.load_partial
     engine.target.load_partial = lambda seq, data: restores.append(seq) or load_partial(seq, data)
     steps = list(engine.generate(_request(ps[0], n)))
-    out["fresh, replayed"] = {"tokens": [t for s in steps for t in s.tokens], "drafted": sum(s.drafted for s in steps),
-                              "accepted": sum(s.accepted for s in steps), "drafts": [d for _, d in drafts],
-                              "replays": len(restores)}
+    out["fresh, replayed"] = {**_summary(steps, [d for _, d in drafts]), "replays": len(restores)}
     engine.drafter.close()
 
     engine, drafts = engine_for(model, 2, threads)
@@ -225,11 +226,7 @@ def specdeck_runs(model: Model, ps: list[list[int]], n: int, threads: int) -> di
                 engine.finish(s, recs[s.id][-1].finish_reason)
                 active.remove(s)
     for s in slots:
-        steps = recs[s.id]
-        out[f"two slots #{s.id + 1}"] = {"tokens": [t for x in steps for t in x.tokens],
-                                         "drafted": sum(x.drafted for x in steps),
-                                         "accepted": sum(x.accepted for x in steps),
-                                         "drafts": [d for seq, d in drafts if seq == s.id]}
+        out[f"two slots #{s.id + 1}"] = _summary(recs[s.id], [d for seq, d in drafts if seq == s.id])
     engine.drafter.close()
     return out
 
