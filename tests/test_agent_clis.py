@@ -20,7 +20,6 @@ import os
 import re
 import shutil
 import subprocess
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -120,8 +119,12 @@ def _flagship(real_pair, temp: float) -> str:
 
 @pytest.fixture
 def work():
-    """A short working folder: the small model copies its path into calls (a long one derails it)."""
-    path = Path(tempfile.mkdtemp(prefix="sd", dir="/tmp"))
+    """A short working folder, the same name on every run: the small model copies its path into its
+    calls, and a random name made the same greedy run answer differently from run to run (one name
+    derailed it into 384 tokens of broken XML, another wrote the call cleanly)."""
+    path = Path("/tmp/specdeck-cli-work")
+    shutil.rmtree(path, ignore_errors=True)
+    path.mkdir()
     yield path
     shutil.rmtree(path, ignore_errors=True)
 
@@ -155,21 +158,21 @@ def test_claude_code_writes_a_file_through_xml_tool_calls(clis, real_pair, tmp_p
     env = (f'HOME="{home}" ANTHROPIC_BASE_URL=http://127.0.0.1:{port} ANTHROPIC_API_KEY=sk-local '
            "DISABLE_TELEMETRY=1 DISABLE_AUTOUPDATER=1 CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1 MAX_THINKING_TOKENS=0")
     ask = f"Use the Write tool to create the file {target} containing the word hi. Then reply: done."
-    cli = (f'{env} timeout 600 "{clis}/claude" -p "{ask}" --model claude-sonnet-4-5 --tools Write '
+    # two model turns at most (the call, then the answer after its result): the small model sometimes
+    # calls Write again and again after its result (in CI it wrote "hi", "hi", then "hello")
+    cli = (f'{env} timeout 600 "{clis}/claude" -p "{ask}" --model claude-sonnet-4-5 --tools Write --max-turns 2 '
            '--permission-mode acceptEdits --system-prompt "You are a concise assistant."')
     run = _in_netns(tmp_path, real_pair, f'cd "{work}" && {_tries(cli, target)}', port, _flagship(real_pair, 0))
     log = (tmp_path / "serve.log").read_text()
     assert run.returncode == 0, (run.stdout[-2000:], run.stderr[-2000:], log[-3000:])
     written = _written(log, "content")
-    assert written, log[-3000:]
-    assert target.read_text().strip() == written[-1].strip(), (written, log[-3000:])
+    assert written and target.read_text().strip() in [w.strip() for w in written], (written, log[-3000:])
     _round_trip(log, "Write")
 
 
 def _written(log: str, parameter: str) -> list[str]:
-    """What the model's XML calls carried in `parameter`, in order. The file must hold the last: the
-    small model sometimes writes again after its tool result (in CI it wrote "hi", then "hi", then
-    "hello"; Claude Code's prompt carries today's date, so the same greedy run differs day by day)."""
+    """What the model's XML calls carried in `parameter`, in order: the file holds what one of them
+    wrote (Claude Code's prompt carries today's date, so the same greedy run differs day by day)."""
     pattern = re.compile(rf"<parameter={parameter}>\n(.*?)\n?</parameter>", re.S)
     return [m for t in _answers(log)[1:] for m in pattern.findall(t["completion"])]
 
