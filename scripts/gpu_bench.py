@@ -24,7 +24,6 @@ import os
 import statistics
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -206,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
     # c_verify(k) is timed up to k = 16 in one sequence, past the plan's cap on a decode's logits rows
     # (slots x (1 + draft length)): llama.cpp refuses a batch over it, so the timed context gets 16
     # (the compute buffer's logits phase is then 16 rows, not the layer phase that sets its size)
-    t_params = replace(plan.target, n_outputs_max=max(plan.target.n_outputs_max, max(KS)))
+    t_params = plan.target.with_rows(max(KS))
     tm, tc, t_alloc = load(t_path, t_params, threads, load_mtp=mtp)
     rows = memory_rows(plan, "target", t_alloc, device, t_path)
     target = Stream(tc, tm.n_vocab)

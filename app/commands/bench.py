@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import replace
 from pathlib import Path
 
 from rich.table import Table
@@ -84,7 +83,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     plan = make_plan(target, draft, plan_request_of(ctx=args.ctx, ctx_is_user_choice=True, parallel=1, draft_max=16), hw, args.ctx,
                      mtp=sel.mtp)
     # the adaptive modes verify up to ADAPTIVE_N_MAX drafted tokens: the target's logits rows for them
-    plan.target = replace(plan.target, n_outputs_max=max(plan.target.n_outputs_max, ADAPTIVE_N_MAX + 1))
+    plan.target = plan.target.with_rows(ADAPTIVE_N_MAX + 1)
     n_threads = threads(args.threads, hw)
     log = (lambda *a, **k: console.print(*a, **k)) if args.json else (lambda *a, **k: out.print(*a, **k))
     server = None if args.no_anchors else find_llama_server()

@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from app.commands.common import (
@@ -184,7 +184,7 @@ def single_vs_batch_delta(engine: Engine, sequence: list[int], p: int, prompt_le
         return None
     start = min(prompt_len, p - 1)
     # a verify batch of 4 rows, whatever the served plan capped its decodes' logits rows at
-    ctx = Context(target.model, replace(target.params, n_outputs_max=max(4, target.params.n_outputs_max)), 2)
+    ctx = Context(target.model, target.params.with_rows(4), 2)
     try:
         kv.evaluate(ctx, 0, sequence[:start], 0, logits_last=False)
         b = ctx.batch

@@ -147,8 +147,8 @@ class Context:
         process on more (its compute buffer was sized for that many). Refused here instead."""
         cap = self.params.n_outputs_max
         if cap and n_out > cap:
-            raise DecodeError(f"a batch asks for {n_out} logits rows; this context was made for {cap} "
-                              "(n_outputs_max: slots x (1 + draft length))")
+            raise DecodeError(f"a batch asks for {n_out} logits rows; this context was made for at most {cap} "
+                              "(its plan's n_outputs_max)")
 
     def decode(self, batch: Batch) -> None:
         self._within_outputs(batch.n_out)

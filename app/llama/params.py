@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 
 @dataclass(frozen=True)
@@ -25,3 +25,9 @@ class ModelParams:
     # the most logits rows one decode asks for (0: n_batch): llama.cpp sizes the compute buffer's
     # output layer for this many, as llama-server does (n_parallel x (1 + n_draft) on its target)
     n_outputs_max: int = 0
+
+    def with_rows(self, n: int) -> ModelParams:
+        """The same context, able to give at least n logits rows in one decode (an uncapped one is)."""
+        if not self.n_outputs_max or self.n_outputs_max >= n:
+            return self
+        return replace(self, n_outputs_max=n)

@@ -21,7 +21,7 @@ from app.gguf.info import ModelInfo
 from app.llama.params import ModelParams
 from app.plan import terms as M
 from app.plan.hardware import Hardware
-from app.plan.rows import Device, Term, extra_copies, model_terms, mtp_terms
+from app.plan.rows import Device, Term, extra_copies, model_terms, mtp_shape, mtp_terms
 
 MiB, GiB = M.MiB, M.GiB
 MIN_CTX = 4096
@@ -173,7 +173,7 @@ def _shape(info: ModelInfo, c: Candidate, n_rs_seq: int, n_outputs: int) -> M.Co
     slot's `n_outputs` rows (the target verifies its last token and a draft: 1 + draft_max)."""
     return M.context_shape(c.ctx, c.parallel, c.type_k, c.type_v, n_ubatch=c.n_ubatch, flash_attn=c.flash_attn,
                            n_rs_seq=n_rs_seq if info.n_recurrent_layers else 0, n_outputs=n_outputs,
-                           n_outputs_max=min(M.context_shape(c.ctx, 1, c.type_k, c.type_v).n_batch, c.parallel * n_outputs))
+                           n_outputs_max=c.parallel * n_outputs)
 
 
 # tokens per embedding input at most (one sequence, evaluated in one ubatch): a code chunk. llama.cpp
@@ -206,7 +206,8 @@ def evaluate(target: ModelInfo, draft: ModelInfo | None, c: Candidate, device: D
     if mtp:
         terms += mtp_terms(target, t_cs, device)
         m_params = ModelParams(t_cs.n_ctx, t_cs.n_batch, t_cs.n_ubatch, c.parallel, True, c.type_k, c.type_v,
-                               c.flash_attn, False, 0, t_ngl if device == "cuda" else 0, n_outputs_max=c.parallel)
+                               c.flash_attn, False, 0, t_ngl if device == "cuda" else 0,
+                               n_outputs_max=mtp_shape(t_cs).n_outputs_max)
     e_params = None
     if embedder is not None:
         e_cs, e_ngl = embedding_shape(embedder), embedder.n_layers + 1 if device == "cuda" else 0

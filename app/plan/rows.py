@@ -60,13 +60,19 @@ def model_terms(role: str, info: ModelInfo, cs: M.ContextShape, ngl: int, device
     return out
 
 
+def mtp_shape(cs: M.ContextShape) -> M.ContextShape:
+    """The MTP head's context beside a target's of shape `cs`: the same cells, one draft row per slot
+    a decode (llama-server's cap), no recurrent state."""
+    return M.context_shape(cs.n_ctx, cs.n_seq, cs.type_k, cs.type_v, n_batch=cs.n_batch, n_ubatch=cs.n_ubatch,
+                           flash_attn=cs.flash_attn, n_outputs_max=cs.n_seq)
+
+
 def mtp_terms(info: ModelInfo, cs: M.ContextShape, device: Device) -> list[Term]:
     """The target's MTP head (--draft mtp): its blocks' weights, its context's cache (the nextn
     blocks' K and V over the target's cells), its compute and logits buffers, and the hidden state
     of every token the target decodes, which it reads."""
     where: Literal["device", "host"] = "host" if device == "cuda" else "device"
-    mtp_cs = M.context_shape(cs.n_ctx, cs.n_seq, cs.type_k, cs.type_v, n_batch=cs.n_batch, n_ubatch=cs.n_ubatch,
-                             flash_attn=cs.flash_attn, n_outputs_max=cs.n_seq)  # one draft row per slot a decode
+    mtp_cs = mtp_shape(cs)
     return [Term("MTP head weights", M.nextn_bytes(info), "device", f"{info.n_nextn} nextn layer(s), from the target's file"),
             Term("MTP KV cache", M.kv_bytes(info, mtp_cs, nextn=True), "device", f"{cs.n_ctx:,} cells, K {cs.type_k}, V {cs.type_v}"),
             Term("MTP compute buffer", M.compute_bytes(info, mtp_cs), "device", f"n_ubatch {cs.n_ubatch}, {cs.n_seq} logits rows"),

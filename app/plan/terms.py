@@ -80,7 +80,7 @@ def context_shape(
     """llama.cpp's adjustments to a requested context (unified KV pool)."""
     batch = min(n_ctx, n_batch)
     return ContextShape(pad(n_ctx, CTX_PAD), batch, min(batch, n_ubatch), max(1, n_seq), type_k, type_v,
-                        flash_attn, swa_full, n_rs_seq, n_outputs, n_outputs_max)
+                        flash_attn, swa_full, n_rs_seq, n_outputs, min(batch, n_outputs_max))
 
 
 # -- KV cache and recurrent state --------------------------------------------------------------

@@ -239,10 +239,10 @@ class AdaptiveDrafter(DrafterBase):
             if copying and n_accepted < len(draft.tokens) and proposed[: len(draft.tokens)] == draft.tokens:
                 self.resume.parted(seq, start + n_accepted, proposed[n_accepted + 1:])
         else:
-            key = self._model_keys.pop(seq, draft.source) if self.model is not None and draft.source == self.model.name \
-                else draft.source
+            modelled = self.model is not None and draft.source == self.model.name
+            key = self._model_keys.pop(seq, draft.source) if modelled else draft.source  # an MTP head's depth band
             self.controller.observe(key, len(draft.tokens), n_accepted)
-            if self.model is not None and draft.source == self.model.name:
+            if modelled:
                 self.model.accepted(seq, draft, n_accepted)  # the MTP head drafts next from the last kept state
 
     def share_prefix(self, src: int, dst: int, prefix: Sequence[int]) -> None:
