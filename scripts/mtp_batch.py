@@ -26,6 +26,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from app.commands.ratios import paired  # noqa: E402
 from app.engine.drafters.base import Ask  # noqa: E402
 from app.engine.drafters.mtp import MtpDrafter  # noqa: E402
 from app.engine.engine import Engine, Request, SpecParams  # noqa: E402
@@ -85,15 +86,15 @@ def main() -> int:
                     assert len(head.propose(x.seq, x.history, x.k).tokens) == a.k
 
             batched(), one_by_one()  # warm
-            ratios, tb, to = [], [], []
+            tb, to = [], []
             for r in range(a.rounds):
                 order = (batched, one_by_one) if r % 2 == 0 else (one_by_one, batched)
                 got = {f.__name__: timed(f) for f in order}
                 tb.append(got["batched"])
                 to.append(got["one_by_one"])
-                ratios.append(got["one_by_one"] / got["batched"])
+            mid, lo, hi = paired(to, tb)
             print(f"{slots:>5}  {1e3 * statistics.median(tb):>10.2f}  {1e3 * statistics.median(to):>13.2f}  "
-                  f"{statistics.median(ratios):>8.2f} ({min(ratios):.2f}-{max(ratios):.2f})")
+                  f"{mid:>8.2f} ({lo:.2f}-{hi:.2f})")
             head.close()
     return 0
 
