@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from app.engine import kv
+from app.llama import media
 from app.engine.kv import can_keep
 from app.llama.context import Context
 
@@ -76,17 +77,20 @@ class Checkpoints:
         return sorted(m for m in marks if start < m <= end and m < total)
 
     def evaluate(self, seq: int, tokens: Sequence[int], start: int, logits_last: bool,
-                 stop: Callable[[], bool] | None = None, end: int | None = None) -> int:
+                 stop: Callable[[], bool] | None = None, end: int | None = None, images: kv.ImageRows | None = None) -> int:
         """`kv.evaluate`, pausing at each of `stops` to take a checkpoint there."""
         end = len(tokens) if end is None else min(end, len(tokens))
         idx, at = -1, start
         for m in self.stops(len(tokens), start, end):
+            m = media.image_end(tokens, m)  # never inside an image (its rows may attend both ways)
+            if m > end:
+                break
             if m > at:
-                idx = kv.evaluate(self.ctx, seq, tokens, at, logits_last, stop, m)
+                idx = kv.evaluate(self.ctx, seq, tokens, at, logits_last, stop, m, images)
                 at = m
             self.take(seq, m)
         if end > at:
-            idx = kv.evaluate(self.ctx, seq, tokens, at, logits_last, stop, end)
+            idx = kv.evaluate(self.ctx, seq, tokens, at, logits_last, stop, end, images)
         return idx
 
     def new_prompt(self, seq: int) -> None:

@@ -14,11 +14,13 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
 
 from app.engine import kv
+from app.llama import media
 from app.engine.accept import (
     Accepted,
     accept_by_match,
@@ -30,6 +32,7 @@ from app.engine.cache import PoolBusy, PromptCache
 from app.engine.checkpoints import Checkpoints
 from app.engine.drafters.base import Ask, Draft, Drafter
 from app.engine.logprobs import token_logprob
+from app.llama.media import Picture
 from app.engine.records import RequestRecord, StepRecord
 from app.engine.sampling import TokenSampler
 from app.engine.saved import SavedPrompts
@@ -57,6 +60,29 @@ def _top2(logits: np.ndarray) -> tuple[int, float]:
     return i, top - second
 
 
+class Vision(Protocol):
+    """The target's projector as the engine reads it (app/llama/vision.py)."""
+
+    non_causal: bool
+
+    def rows(self, picture: Picture) -> np.ndarray: ...
+
+
+@dataclass
+class RequestImages:
+    """One request's images by key, their rows from the projector (kv.ImageRows)."""
+
+    vision: Vision
+    pictures: dict[int, Picture]
+
+    @property
+    def non_causal(self) -> bool:
+        return self.vision.non_causal
+
+    def rows(self, key: int) -> np.ndarray:
+        return self.vision.rows(self.pictures[key])
+
+
 class CostObserver(Protocol):
     """Told the time of each verify decode (n tokens in the batch): the controller's cost model."""
 
@@ -66,8 +92,9 @@ class CostObserver(Protocol):
 class Engine:
     def __init__(self, target: Context, drafter: Drafter | None, n_slots: int, draft_limit: int | None = None,
                  costs: CostObserver | None = None, saved_bytes: int = 0, halt: threading.Event | None = None,
-                 checkpoints: Checkpoints | None = None) -> None:
+                 checkpoints: Checkpoints | None = None, vision: Vision | None = None) -> None:
         self.target = target
+        self.vision = vision  # the target's projector: images' embedding rows (None: a text-only model)
         # set when the engine must stop: a prompt being evaluated stops at its next chunk (the drafter
         # built with the same event stops catching up), so its thread leaves llama.cpp within a chunk
         self.halt = halt or threading.Event()
@@ -96,6 +123,14 @@ class Engine:
                 f"architectures): serve it without speculation")
 
     # -- a request's life ---------------------------------------------------------------------
+
+    def images_of(self, req: Request) -> RequestImages | None:
+        """The rows of the request's images, from the target's projector (None: no images)."""
+        if not req.pictures:
+            return None
+        if self.vision is None:
+            raise SpecdeckError("this model has no vision projector: serve it with --mmproj")
+        return RequestImages(self.vision, req.pictures)
 
     def start(self, slot: Slot, req: Request, cancelled: Callable[[], bool] | None = None) -> StepRecord:
         """Evaluate the prompt (reusing the cached prefix) and sample the first token; returns the
@@ -126,10 +161,11 @@ class Engine:
         """Evaluate up to `budget` more tokens of the prompt (in chunks of n_ubatch); once it is all in,
         sample the first token and return the first step's record, else None."""
         slot, prompt = p.slot, p.request.prompt
-        end = min(p.total, p.done + max(1, budget))
+        end = media.image_end(prompt, min(p.total, p.done + max(1, budget)))  # an image goes in whole
         t = time.perf_counter()
         try:
-            idx = self.cache.checkpoints.evaluate(slot.id, prompt, p.done, logits_last=True, end=end)
+            idx = self.cache.checkpoints.evaluate(slot.id, prompt, p.done, logits_last=True, end=end,
+                                                  images=self.images_of(p.request))
         except BaseException:  # llama.cpp refused a chunk (or worse): the cache back to slot.cached, the slot free
             slot.cached = prompt[: p.done]
             self.cache.truncate(slot, p.done)
@@ -264,7 +300,8 @@ class Engine:
         for s, base, state in replays:
             if not (self.target.load_partial(s.id, state) and self.target.seq_rm(s.id, base, -1)):
                 raise SpecdeckError(f"llama.cpp could not roll slot {s.id} back to {base}")
-            kv.evaluate(self.target, s.id, s.cached, base, logits_last=False)
+            kv.evaluate(self.target, s.id, s.cached, base, logits_last=False,
+                        images=self.images_of(s.request) if s.request is not None else None)
 
     def _drop_starved(self, slots: Sequence[Slot], ks: dict[int, int]) -> tuple[list[StepRecord], list[Slot]]:
         """Slots the KV pool has no room for end with "context"; the others go on."""
@@ -334,7 +371,7 @@ class Engine:
         if self.drafter is None or not any(a.k > 0 for a in asks):
             return {s.id: Draft([]) for s in slots}, {s.id: 0.0 for s in slots}
         t = time.perf_counter()
-        out = self.drafter.propose_all(asks)
+        out = [_text_part(d) for d in self.drafter.propose_all(asks)]
         each = (time.perf_counter() - t) / len(asks)  # drafts chosen together share the time
         return ({a.seq: d for a, d in zip(asks, out)},
                 {a.seq: d.seconds if d.seconds is not None else each for a, d in zip(asks, out)})
@@ -431,6 +468,18 @@ class Engine:
             if slot.request is not None:  # stopped early (client gone, error): `finish` keeps what is consistent
                 slot.record.t_generate = time.perf_counter() - t0 - slot.record.t_prompt
                 self.finish(slot, "cancelled")
+
+
+def _text_part(d: Draft) -> Draft:
+    """A draft up to its first image position (a lookup drafter can copy one from the history; an
+    image is never a token the target could emit)."""
+    cut = next((i for i, t in enumerate(d.tokens) if media.is_media(t)), None)
+    if cut is None:
+        return d
+    d.tokens = d.tokens[:cut]
+    if d.q is not None:
+        d.q = d.q[:cut]
+    return d
 
 
 def can_roll_back(ctx: Context) -> bool:

@@ -18,7 +18,10 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
-from app.llama.context import Batch, Context
+import numpy as np
+
+from app.llama import media
+from app.llama.context import Batch, Context, DecodeError
 
 
 class Rewind(Protocol):
@@ -29,6 +32,14 @@ class Rewind(Protocol):
     def cut(self, seq: int, n: int) -> None: ...
 
     def drop(self, seq: int) -> None: ...
+
+class ImageRows(Protocol):
+    """What gives the target an image's embedding rows by its key (the projector, vision.py)."""
+
+    non_causal: bool
+
+    def rows(self, key: int) -> np.ndarray: ...
+
 
 CHUNK = 4096  # tokens compared at a time by C code (a Python loop over 100K tokens takes milliseconds)
 
@@ -99,16 +110,51 @@ class Interrupted(Exception):
 
 
 def evaluate(ctx: Context, seq: int, tokens: Sequence[int], start: int, logits_last: bool,
-             stop: Callable[[], bool] | None = None, end: int | None = None) -> int:
+             stop: Callable[[], bool] | None = None, end: int | None = None, images: ImageRows | None = None) -> int:
     """Decode tokens[start:end] (to the end by default) at their positions; returns the last token's
     batch index. The tokens go in chunks of n_ubatch (what llama.cpp computes at once in any case),
     and `stop()` is asked before each: when it says so, Interrupted is raised with what is evaluated,
     so a long prompt stops within one chunk (the server stopping, its client gone) and what it
     evaluated stays a reusable prefix. `logits_last`: logits for the sequence's last token, where
-    this call reaches it."""
+    this call reaches it. Images' positions (media ids, media.py) go as embedding rows: `images`'
+    rows, or zeros where this context cannot read them (a draft model: llama-server's rule)."""
+    end = len(tokens) if end is None else min(end, len(tokens))
+    if not media.has_media(tokens, start, end):
+        return _evaluate_text(ctx, seq, tokens, start, end, logits_last, stop)
+    last = -1
+    for r in media.runs(tokens, start, end):
+        if not r.media:
+            last = _evaluate_text(ctx, seq, tokens, r.start, r.end, logits_last, stop)
+            continue
+        if stop is not None and stop():
+            raise Interrupted(r.start)
+        want = logits_last and r.end == len(tokens)
+        if images is None:
+            rows = np.zeros((r.end - r.start, ctx.model.n_embd_inp), np.float32)
+            last = _decode_rows(ctx, seq, rows, r.start, want, False)
+        else:
+            rows = images.rows(r.key)[r.row: r.row + r.end - r.start]
+            last = _decode_rows(ctx, seq, rows, r.start, want, images.non_causal)
+    return last
+
+
+def _decode_rows(ctx: Context, seq: int, rows: np.ndarray, pos: int, logits_last: bool, non_causal: bool) -> int:
+    """An image's rows in chunks of n_ubatch, or whole where they attend both ways (one ubatch)."""
+    size = ctx.params.n_ubatch
+    if non_causal and len(rows) > size:
+        raise DecodeError(f"an image of {len(rows)} positions must be decoded in one batch, and this context's "
+                          f"n_ubatch is {size}: raise --ubatch")
+    last = -1
+    for c0 in range(0, len(rows), size):
+        c1 = min(c0 + size, len(rows))
+        last = ctx.decode_rows(rows[c0:c1], pos + c0, seq, logits_last and c1 == len(rows), non_causal)
+    return last
+
+
+def _evaluate_text(ctx: Context, seq: int, tokens: Sequence[int], start: int, end: int, logits_last: bool,
+                   stop: Callable[[], bool] | None) -> int:
     batch: Batch = ctx.batch
     size = ctx.params.n_ubatch
-    end = len(tokens) if end is None else min(end, len(tokens))
     last = -1
     for c0 in range(start, end, size):
         if stop is not None and stop():

@@ -8,9 +8,10 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 import numpy as np
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from app.engine.logprobs import MAX_TOP
+from app.llama.media import Picture
 from app.engine.records import RequestRecord
 from app.engine.sampling import SamplingParams, TokenSampler
 
@@ -26,7 +27,10 @@ class SpecParams(BaseModel):
 
 
 class Request(BaseModel):
-    prompt: list[int]
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    prompt: list[int]  # text token ids, and media ids where images go (media.py)
+    pictures: dict[int, Picture] = {}  # the prompt's images by key
     max_tokens: int = Field(256, ge=0)  # 0: evaluate and cache the prompt, generate nothing
     sampling: SamplingParams = SamplingParams()
     speculative: SpecParams = SpecParams()

@@ -49,5 +49,9 @@ def init_llama() -> None:
         if _ready:
             return
         llama_cpp.llama_log_set(_on_log, ctypes.c_void_p(0))
+        from llama_cpp import mtmd_cpp  # the vision projectors' library logs on its own
+
+        mtmd_cpp.mtmd_log_set(_on_log, ctypes.c_void_p(0))
+        mtmd_cpp.mtmd_helper_log_set(_on_log, ctypes.c_void_p(0))
         llama_cpp.llama_backend_init()
         _ready = True

@@ -63,6 +63,7 @@ class Model:
         self.is_recurrent = bool(llama_cpp.llama_model_is_recurrent(self.ptr) or llama_cpp.llama_model_is_hybrid(self.ptr))
         self.n_nextn = int(llama_cpp.llama_model_n_layer_nextn(self.ptr))  # MTP layers the file has
         self.n_embd_out = int(llama_cpp.llama_model_n_embd_out(self.ptr))
+        self.n_embd_inp = int(llama_cpp.llama_model_n_embd_inp(self.ptr))  # an input row's width (images' rows)
         self.mtp_loaded = load_mtp
 
     def close(self) -> None:
@@ -155,6 +156,27 @@ class Context:
         self._run("llama_decode", lambda: llama_cpp.llama_decode(self.ptr, batch.raw))
         if self.after_decode is not None:
             self.after_decode(batch)
+
+    def decode_rows(self, rows: np.ndarray, pos: int, seq: int, logits_last: bool, non_causal: bool = False) -> int:
+        """Decode embedding rows (an image's, from its projector) at positions pos, pos + 1, ...;
+        `non_causal`: the rows attend to each other both ways (Gemma 3's images). Returns the last
+        row's batch index. Whoever follows this context's decodes is told, as for tokens."""
+        batch = RowBatch(rows, pos, seq, logits_last)
+        n = len(batch)
+        try:
+            self._within_outputs(batch.n_out)
+            if non_causal:
+                llama_cpp.llama_set_causal_attn(self.ptr, False)
+            try:
+                self._run("llama_decode (image rows)", lambda: llama_cpp.llama_decode(self.ptr, batch.raw))
+            finally:
+                if non_causal:
+                    llama_cpp.llama_set_causal_attn(self.ptr, True)
+            if self.after_decode is not None:
+                self.after_decode(batch)
+        finally:
+            batch.close()
+        return n - 1
 
     def process(self, batch: EmbdBatch) -> None:
         """Decode an extended batch (tokens with hidden-state rows: an MTP context's input)."""
@@ -257,6 +279,34 @@ class Context:
         self.close()
 
 
+class RowBatch:
+    """One decode's llama_batch of embedding rows (no token ids) at consecutive positions of one
+    sequence. `token(i)` is None: what follows a decode reads a row's token only where it has one."""
+
+    def __init__(self, rows: np.ndarray, pos: int, seq: int, logits_last: bool) -> None:
+        n, n_embd = rows.shape
+        self.raw = llama_cpp.llama_batch_init(n, n_embd, 1)
+        ctypes.memmove(self.raw.embd, np.ascontiguousarray(rows, dtype=np.float32).ctypes.data, rows.size * 4)
+        for i in range(n):
+            self.raw.pos[i] = pos + i
+            self.raw.n_seq_id[i] = 1
+            self.raw.seq_id[i][0] = seq
+            self.raw.logits[i] = logits_last and i == n - 1
+        self.raw.n_tokens = n
+        self.n_out = int(logits_last)
+
+    def token(self, i: int) -> int | None:
+        return None
+
+    def __len__(self) -> int:
+        return int(self.raw.n_tokens)
+
+    def close(self) -> None:
+        if getattr(self, "raw", None) is not None:
+            llama_cpp.llama_batch_free(self.raw)
+            self.raw = None
+
+
 class Batch:
     """A reusable llama_batch: fill it with (token, position, sequence, wants-logits) rows."""
 
@@ -282,6 +332,9 @@ class Batch:
         self.raw.n_tokens = i + 1
         self.n_out += int(logits)
         return i
+
+    def token(self, i: int) -> int | None:
+        return int(self.raw.token[i])
 
     def __len__(self) -> int:
         return int(self.raw.n_tokens)

@@ -34,8 +34,11 @@ from app.engine.drafters.worth import SURE, DraftWorth
 from app.engine.sampling import SamplingParams
 from app.errors import SpecdeckError
 from app.llama import nextn
-from app.llama.context import Batch, Context, DecodeError
+from app.llama.context import Batch, Context, DecodeError, RowBatch
 
+# the token the head reads at an image's positions (an image has no token ids; llama.cpp's own
+# draft-mtp skips images, and its head then loses the history before them)
+IMAGE_TOKEN = 0
 VERIFY_ROWS = 65  # a run of at most this many tokens is a verify batch: its states are kept for `accepted`
 log = logging.getLogger("specdeck.engine")
 
@@ -146,24 +149,32 @@ class MtpDrafter(DrafterBase):
             return
         runs = _runs([int(raw.seq_id[i][0]) for i in range(n)])
         try:
-            self._evaluate(raw, n, runs)
+            self._evaluate(batch, n, runs)
         except Exception as e:  # noqa: BLE001 - the head is advice: the target's step goes on without it
             log.warning("the MTP head could not follow the target's decode (%s): its cache starts again", e)
             for seq, _, _ in runs:
                 self.mtp.seq_rm(seq, 0, -1)
                 self._forget(seq)
 
-    def _evaluate(self, raw, n: int, runs: list[tuple[int, int, int]]) -> None:
+    def _evaluate(self, batch: Batch | RowBatch, n: int, runs: list[tuple[int, int, int]]) -> None:
+        """An image's rows (no token ids) go in with IMAGE_TOKEN beside the target's states: the head
+        keeps its history across the picture and drafts the text after it as after any text."""
+        raw = batch.raw
         h = nextn.hidden_rows(self.target.ptr, n, self.n_embd)
+
+        def token(i: int) -> int:
+            t = batch.token(i)
+            return IMAGE_TOKEN if t is None else t
+
         self.batch.clear()
         starts = {}
         for seq, r0, r1 in runs:
             p0 = int(raw.pos[r0])
             self._align(seq, p0)
             starts[seq] = self._state_before(seq, p0)
-            self.batch.add(int(raw.token[r0]), p0, seq, starts[seq], False)
+            self.batch.add(token(r0), p0, seq, starts[seq], False)
             for i in range(r0 + 1, r1):
-                self.batch.add(int(raw.token[i]), int(raw.pos[i]), seq, h[i - 1], False)
+                self.batch.add(token(i), int(raw.pos[i]), seq, h[i - 1], False)
         try:
             self.mtp.process(self.batch)
         except DecodeError:  # the head's pool is full: it starts again from the next positions
