@@ -375,3 +375,26 @@ def test_verify_draft_mtp_on_token_id_prompts_is_lossless_and_bad_ids_are_one_li
         prompts.write_text(line + "\n")
         p = run_cli("verify", "--target", str(mtp_file), "--draft", "mtp", "--prompts", str(prompts), "--ctx", "1024")
         assert p.returncode != 0 and says in p.stderr and "Traceback" not in p.stderr, (line, p.stderr)
+
+
+def test_after_an_image_the_head_follows_the_targets_states_and_drafts_losslessly(model, tmp_path):
+    """An image's rows decode in the target with their hidden states out; the head follows them
+    (a placeholder token beside each state), so its cache stays contiguous and it drafts after the
+    picture; the answer is the target's own."""
+    from app.gguf.synthetic import write_mmproj
+    from app.llama.media import Picture
+    from app.llama.vision import Projector
+
+    proj = Projector(write_mmproj(tmp_path / "mmproj.gguf", model.n_embd_inp), model, 1)
+    pic = Picture(40, 30, np.random.default_rng(9).integers(0, 256, 40 * 30 * 3, dtype=np.uint8).tobytes())
+    ids = PROMPT[:10] + [t for t in proj.tokenize(proj.marker, [pic], add_special=False)] + PROMPT[10:]
+    eng, tc, mc, _ = rig(model)
+    eng.vision = proj
+    plain, _ = run(eng, Request(prompt=ids, pictures={pic.key: pic}, max_tokens=40,
+                                speculative=SpecParams(enabled=False)))
+    spec, steps = run(eng, Request(prompt=ids, pictures={pic.key: pic}, max_tokens=40,
+                                   speculative=SpecParams(n_max=3)))
+    assert spec == plain
+    assert sum(s.accepted for s in steps) > 0
+    assert mc.pos_max(0) == tc.pos_max(0)  # the head's cache covers the image's positions too
+    proj.close()

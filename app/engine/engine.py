@@ -67,6 +67,8 @@ class Vision(Protocol):
 
     def rows(self, picture: Picture) -> np.ndarray: ...
 
+    def width(self, picture: Picture) -> int: ...
+
 
 @dataclass
 class RequestImages:
@@ -81,6 +83,9 @@ class RequestImages:
 
     def rows(self, key: int) -> np.ndarray:
         return self.vision.rows(self.pictures[key])
+
+    def width(self, key: int) -> int:
+        return self.vision.width(self.pictures[key])
 
 
 class CostObserver(Protocol):

@@ -40,6 +40,8 @@ class ImageRows(Protocol):
 
     def rows(self, key: int) -> np.ndarray: ...
 
+    def width(self, key: int) -> int: ...
+
 
 CHUNK = 4096  # tokens compared at a time by C code (a Python loop over 100K tokens takes milliseconds)
 
@@ -129,16 +131,27 @@ def evaluate(ctx: Context, seq: int, tokens: Sequence[int], start: int, logits_l
         if stop is not None and stop():
             raise Interrupted(r.start)
         want = logits_last and r.end == len(tokens)
+        n = r.end - r.start
         if images is None:
-            rows = np.zeros((r.end - r.start, ctx.model.n_embd_inp), np.float32)
-            last = _decode_rows(ctx, seq, rows, r.start, want, False)
+            rows, non_causal, width = np.zeros((n, ctx.model.n_embd_inp), np.float32), False, 0
         else:
-            rows = images.rows(r.key)[r.row: r.row + r.end - r.start]
-            last = _decode_rows(ctx, seq, rows, r.start, want, images.non_causal)
+            rows, non_causal, width = images.rows(r.key)[r.row: r.row + n], images.non_causal, images.width(r.key)
+        last = _decode_rows(ctx, seq, rows, r, want, non_causal, width if ctx.model.mrope else 0)
     return last
 
 
-def _decode_rows(ctx: Context, seq: int, rows: np.ndarray, pos: int, logits_last: bool, non_causal: bool) -> int:
+def mrope_sections(start: int, row: int, n: int, width: int) -> np.ndarray:
+    """An image's M-RoPE positions for rows [row, row + n) of an image at `start` that is `width`
+    patches wide: time, then the patch's row and column offsets (llama.cpp's 2-D layout), then 0.
+    The time section counts on by one a row, so the cache keeps one position a token (llama.cpp
+    gives every row of an image the image's first position, and text after it max(nx, ny) more)."""
+    r = np.arange(row, row + n)
+    p0 = start - row
+    return np.stack([p0 + r, p0 + r // width, p0 + r % width, np.zeros(n, int)])
+
+
+def _decode_rows(ctx: Context, seq: int, rows: np.ndarray, r: media.Run, logits_last: bool, non_causal: bool,
+                 width: int) -> int:
     """An image's rows in chunks of n_ubatch, or whole where they attend both ways (one ubatch)."""
     size = ctx.params.n_ubatch
     if non_causal and len(rows) > size:
@@ -147,7 +160,8 @@ def _decode_rows(ctx: Context, seq: int, rows: np.ndarray, pos: int, logits_last
     last = -1
     for c0 in range(0, len(rows), size):
         c1 = min(c0 + size, len(rows))
-        last = ctx.decode_rows(rows[c0:c1], pos + c0, seq, logits_last and c1 == len(rows), non_causal)
+        sections = mrope_sections(r.start + c0, r.row + c0, c1 - c0, width) if width else None
+        last = ctx.decode_rows(rows[c0:c1], r.start + c0, seq, logits_last and c1 == len(rows), non_causal, sections)
     return last
 
 

@@ -18,9 +18,12 @@ import numpy as np
 from app.errors import SpecdeckError
 from app.llama.backend import init_llama
 from app.llama.measure import KV_TYPE_IDS
+from app.llama import nextn
 from app.llama.nextn import EmbdBatch
 from app.llama.params import ModelParams
 
+
+LLAMA_ROPE_TYPE_IMROPE = 40  # llama.h's LLAMA_ROPE_TYPE_IMROPE (interleaved M-RoPE), not in the bindings
 
 class DecodeError(SpecdeckError):
     """llama_decode refused a batch (no KV slot, out of memory, aborted)."""
@@ -64,6 +67,8 @@ class Model:
         self.n_nextn = int(llama_cpp.llama_model_n_layer_nextn(self.ptr))  # MTP layers the file has
         self.n_embd_out = int(llama_cpp.llama_model_n_embd_out(self.ptr))
         self.n_embd_inp = int(llama_cpp.llama_model_n_embd_inp(self.ptr))  # an input row's width (images' rows)
+        # M-RoPE (Qwen2-VL and later, Qwen3.5's hybrids): an embedding row takes 4 positions
+        self.mrope = int(llama_cpp.llama_model_rope_type(self.ptr)) in (llama_cpp.LLAMA_ROPE_TYPE_MROPE, LLAMA_ROPE_TYPE_IMROPE)
         self.mtp_loaded = load_mtp
 
     def close(self) -> None:
@@ -157,11 +162,17 @@ class Context:
         if self.after_decode is not None:
             self.after_decode(batch)
 
-    def decode_rows(self, rows: np.ndarray, pos: int, seq: int, logits_last: bool, non_causal: bool = False) -> int:
+    def emit_hidden(self, masked: bool) -> None:
+        """Keep hidden states from now on (an MTP head's input), see nextn.emit_hidden."""
+        nextn.emit_hidden(self.ptr, masked)
+
+    def decode_rows(self, rows: np.ndarray, pos: int, seq: int, logits_last: bool, non_causal: bool = False,
+                    sections: np.ndarray | None = None) -> int:
         """Decode embedding rows (an image's, from its projector) at positions pos, pos + 1, ...;
-        `non_causal`: the rows attend to each other both ways (Gemma 3's images). Returns the last
-        row's batch index. Whoever follows this context's decodes is told, as for tokens."""
-        batch = RowBatch(rows, pos, seq, logits_last)
+        `non_causal`: the rows attend to each other both ways (Gemma 3's images); `sections`: an
+        M-RoPE model's (4, n) positions. Returns the last row's batch index. Whoever follows this
+        context's decodes is told, as for tokens."""
+        batch = RowBatch(rows, pos, seq, logits_last, sections)
         n = len(batch)
         try:
             self._within_outputs(batch.n_out)
@@ -172,6 +183,7 @@ class Context:
             finally:
                 if non_causal:
                     llama_cpp.llama_set_causal_attn(self.ptr, True)
+
             if self.after_decode is not None:
                 self.after_decode(batch)
         finally:
@@ -283,9 +295,10 @@ class RowBatch:
     """One decode's llama_batch of embedding rows (no token ids) at consecutive positions of one
     sequence. `token(i)` is None: what follows a decode reads a row's token only where it has one."""
 
-    def __init__(self, rows: np.ndarray, pos: int, seq: int, logits_last: bool) -> None:
+    def __init__(self, rows: np.ndarray, pos: int, seq: int, logits_last: bool, sections: np.ndarray | None = None) -> None:
         n, n_embd = rows.shape
-        self.raw = llama_cpp.llama_batch_init(n, n_embd, 1)
+        # M-RoPE: (4, n) positions, section-major: a batch made for 4n rows has room for them
+        self.raw = llama_cpp.llama_batch_init(n if sections is None else 4 * n, n_embd, 1)
         ctypes.memmove(self.raw.embd, np.ascontiguousarray(rows, dtype=np.float32).ctypes.data, rows.size * 4)
         for i in range(n):
             self.raw.pos[i] = pos + i
@@ -294,6 +307,9 @@ class RowBatch:
             self.raw.logits[i] = logits_last and i == n - 1
         self.raw.n_tokens = n
         self.n_out = int(logits_last)
+        if sections is not None:
+            flat = np.ascontiguousarray(sections, dtype=np.int32).reshape(-1)
+            ctypes.memmove(self.raw.pos, flat.ctypes.data, flat.nbytes)
 
     def token(self, i: int) -> int | None:
         return None

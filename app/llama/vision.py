@@ -39,15 +39,12 @@ class Projector:
         if not M.mtmd_support_vision(self.ctx):
             self.close()
             raise SpecdeckError(f"{path.name}: this projector has no vision encoder (an audio projector?)")
-        if M.mtmd_decode_use_mrope(self.ctx):
-            self.close()
-            raise SpecdeckError(f"{path.name}: this projector places images with M-RoPE positions (Qwen2-VL and "
-                                "later), which specdeck does not decode yet: serve the model with --no-mmproj")
         self.n_embd = model.n_embd_inp
         self.marker = (M.mtmd_get_marker(self.ctx) or M.mtmd_default_marker()).decode()
         self.non_causal = False
         self._cache: OrderedDict[int, np.ndarray] = OrderedDict()
         self._cache_bytes, self._limit = 0, cache_bytes
+        self._widths: dict[int, int] = {}  # an image's width in patches (its M-RoPE layout), by key
         self._lock = threading.Lock()  # the server's threads tokenize while the engine's thread encodes
         self.encoded = 0  # images encoded (not taken from the cache)
         self.encode_seconds = 0.0
@@ -112,10 +109,19 @@ class Projector:
                     ptr = M.mtmd_input_chunk_get_tokens_text(ch, ctypes.byref(n_out))
                     out += [int(ptr[j]) for j in range(n_out.value)]
                 else:
-                    out += media.image_tokens(next(images).key, n)
+                    key = next(images).key
+                    self._widths[key] = int(M.mtmd_image_tokens_get_nx(M.mtmd_input_chunk_get_tokens_image(ch)))
+                    out += media.image_tokens(key, n)
         finally:
             M.mtmd_input_chunks_free(chunks)
         return out
+
+    def width(self, picture: Picture) -> int:
+        """The image's width in patches, as tokenized (the column of a row in M-RoPE positions)."""
+        key = picture.key
+        if key not in self._widths:
+            self.tokenize(self.marker, [picture], add_special=False)
+        return max(1, self._widths[key])
 
     def rows(self, picture: Picture) -> np.ndarray:
         """The image's embedding rows (n_tokens x n_embd): from the cache, or encoded now."""

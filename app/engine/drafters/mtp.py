@@ -99,8 +99,8 @@ class MtpDrafter(DrafterBase):
         self.before: dict[int, tuple[int, np.ndarray]] = {}  # per sequence: the state its last run started from
         self._samplers = DraftSamplers(mtp.model.n_vocab)
         self.draft_seconds = 0.0  # in llama.cpp drafting (its evaluation after each target decode not counted)
-        nextn.emit_hidden(target.ptr, masked=False)
-        nextn.emit_hidden(mtp.ptr, masked=True)
+        target.emit_hidden(masked=False)
+        mtp.emit_hidden(masked=True)
         self.follow(True)
 
     def follow(self, on: bool) -> None:
