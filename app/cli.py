@@ -35,6 +35,9 @@ def _add_selection(p: argparse.ArgumentParser) -> None:
     p.add_argument("name", nargs="?", help="preset, catalogue model, or hf://owner/repo/file.gguf[@rev] (default: the preset for this machine)")
     p.add_argument("--target", help="target model: catalogue name, hf:// URI or GGUF path")
     p.add_argument("--draft", help="draft model: catalogue name, hf:// URI or GGUF path; or mtp: the target's own MTP head (a preset name may go with it)")
+    p.add_argument("--mmproj", metavar="FILE", help="the target's vision projector (mmproj GGUF: catalogue name, hf:// URI "
+                                                    "or path): images in, on every API (default: the preset's, if it names one)")
+    p.add_argument("--no-mmproj", action="store_true", help="leave the preset's vision projector out (text only)")
 
 
 def _add_plan_overrides(p: argparse.ArgumentParser, draft_max: bool = True) -> None:

@@ -113,7 +113,7 @@ def test_messages_errors_in_anthropic_envelope(api):
     with pytest.raises(anthropic.AuthenticationError):
         _claude(api.url, "wrong").messages.create(model="x", max_tokens=4, messages=[{"role": "user", "content": "a"}])
     image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}}
-    with pytest.raises(anthropic.BadRequestError, match="text only"):
+    with pytest.raises(anthropic.BadRequestError, match="no vision projector: serve it with --mmproj"):
         c.messages.create(model="x", max_tokens=4, messages=[{"role": "user", "content": [image]}])
     with pytest.raises(anthropic.APIStatusError) as big:
         c.messages.create(model="x", max_tokens=4, messages=[{"role": "user", "content": "a " * 50_000}])
@@ -179,7 +179,7 @@ def test_responses_create_stream_and_items(api):
     assert r.usage.input_tokens > 0 and r.output
     with pytest.raises(openai.BadRequestError, match="previous_response_id"):
         c.responses.create(model="x", input="a", previous_response_id="resp_1")
-    with pytest.raises(openai.BadRequestError, match="text only"):
+    with pytest.raises(openai.BadRequestError, match="input.0.content.0: this model has no vision projector"):
         c.responses.create(model="x", input=[{"role": "user", "content": [{"type": "input_image", "image_url": "data:,"}]}])
 
 
@@ -253,11 +253,11 @@ def test_openai_request_semantics(api):
     for body, says in (({"messages": msgs + [{"role": "assistant", "content": "x"}]}, "in a row"),
                        ({"messages": msgs, "continue_final_message": True, "add_generation_prompt": True}, "cannot both"),
                        ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:,"}}]}]},
-                        "text only")):
+                        "messages.0.content.0: this model has no vision projector: serve it with --mmproj")):
         r = c.post("/v1/chat/completions", json=body)
         assert r.status_code == 400 and says in r.json()["error"]["message"], r.text
     r = c.post("/api/chat", json={"model": "tiny", "messages": [{"role": "user", "content": "a", "images": ["aGk="]}]})
-    assert r.status_code == 400 and "images" in r.json()["error"] or "text" in r.json()["error"]
+    assert r.status_code == 400 and "messages.0.images.0: this model has no vision projector" in r.json()["error"], r.text
     assert c.post("/v1/completions", json={"prompt": "a", "model": "coder", "max_tokens": 1}).json()["model"] == "tiny"
     models = c.get("/v1/models").json()
     assert [m["id"] for m in models["data"]] == ["tiny", "coder"] and models["models"][0]["slug"] == "tiny"

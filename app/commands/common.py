@@ -12,7 +12,7 @@ from app.errors import DownloadError, SpecdeckError
 from app.gguf.info import ModelInfo, read_model_info
 from app.models.catalog import Catalog, load_catalog
 from app.models.fetch import Fetched, Fetcher
-from app.models.refs import ModelRef, Selection, select
+from app.models.refs import ModelRef, Selection, select, with_mmproj
 from app.plan.hardware import default_preset_reason, detect
 from app.plan.planner import PlanRequest
 from app.server.settings import ServeSettings
@@ -34,7 +34,8 @@ def default_preset(catalog: Catalog) -> str:
 
 
 def make_selection(args: argparse.Namespace, catalog: Catalog) -> Selection:
-    return select(catalog, args.name, args.target, args.draft, lambda: default_preset(catalog))
+    sel = select(catalog, args.name, args.target, args.draft, lambda: default_preset(catalog))
+    return with_mmproj(sel, getattr(args, "mmproj", None), getattr(args, "no_mmproj", False), catalog)
 
 
 def make_fetcher(offline: bool, verify: bool = False) -> Fetcher:

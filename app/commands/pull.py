@@ -110,7 +110,8 @@ def cmd_pull(args: argparse.Namespace) -> int:
     catalog = catalog_from_args(args)
     sel = make_selection(args, catalog)
     fetcher = make_fetcher(args.offline, args.verify)
-    roles = [("target", sel.target)] + ([("draft", sel.draft)] if sel.draft else [])
+    roles = [("target", sel.target)] + ([("draft", sel.draft)] if sel.draft else []) \
+        + ([("mmproj", sel.mmproj)] if sel.mmproj else [])
     for role, ref in roles:
         got = pull_one(fetcher, ref)
         how = "hashed now" if got.hashed_now else "verified earlier; size, mtime and inode unchanged"

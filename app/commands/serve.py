@@ -7,6 +7,7 @@ import argparse
 import contextlib
 import logging
 from dataclasses import dataclass
+from pathlib import Path
 
 from app.commands.check import require_compatible
 from app.commands.common import (
@@ -58,6 +59,7 @@ class Resolved:
     plan: Plan
     hw: Hardware
     chat_template: str | None = None  # in place of the target's own (--chat-template-file, the preset's)
+    mmproj: Path | None = None  # the target's vision projector
 
 
 def resolve(args: argparse.Namespace, settings: ServeSettings, quiet: bool = False) -> Resolved:
@@ -76,7 +78,8 @@ def resolve(args: argparse.Namespace, settings: ServeSettings, quiet: bool = Fal
     if not quiet:
         for w in plan.warnings:
             console.print(f"[yellow]warning:[/] {w}")
-    return Resolved(sel.name, target, draft, embedder, plan, hw, chat_template(settings.chat_template_file, sel))
+    mmproj = local_path(fetcher, sel.mmproj) if sel.mmproj is not None else None
+    return Resolved(sel.name, target, draft, embedder, plan, hw, chat_template(settings.chat_template_file, sel), mmproj)
 
 
 def serve_once(args: argparse.Namespace, settings: ServeSettings, start) -> int:
@@ -89,7 +92,7 @@ def serve_once(args: argparse.Namespace, settings: ServeSettings, start) -> int:
                   f"{r.plan.parallel} slots, speculation {speculation_label(settings.speculative, r.draft, r.plan)}"
                   + (f", revision {start.revision}" if start.revision else "") + ")")
     return serve(settings, r.plan, r.target, r.draft, threads(settings.threads, r.hw), r.name, r.embedder, start,
-                 r.chat_template)
+                 r.chat_template, r.mmproj)
 
 
 def speculation_label(speculative: bool, draft: ModelInfo | None, plan: Plan) -> str:
@@ -120,7 +123,7 @@ def local_server(args: argparse.Namespace, settings: ServeSettings):
         with console.status(f"loading {r.name}…") if console.is_terminal else contextlib.nullcontext():
             loaded = load(r.plan, r.target, r.draft, threads(settings.threads, r.hw), adaptive=settings.speculative,
                           suffix_tokens=settings.suffix_tokens, cache_ram_mib=settings.cache_ram,
-                          chat_template=r.chat_template)
+                          chat_template=r.chat_template, mmproj=r.mmproj)
         service = build_service(r.plan, r.target, r.draft, r.name)
         service.machine = machine_facts(r.hw)
         service.digests = {role: m.get("sha256") for role, m in model_record(args, settings)[1].items()}
@@ -150,7 +153,8 @@ def model_record(args: argparse.Namespace, settings: ServeSettings) -> tuple[str
 
     catalog = catalog_from_args(args)
     sel = make_selection(args, catalog)
-    refs = [("target", sel.target)] + ([("draft", sel.draft)] if sel.draft and settings.speculative else [])
+    refs = [("target", sel.target)] + ([("draft", sel.draft)] if sel.draft and settings.speculative else []) \
+        + ([("mmproj", sel.mmproj)] if sel.mmproj else [])
     if getattr(args, "embedding_model", None) or sel.embedding is not None:
         try:
             refs.append(("embedding", resolve_ref(args.embedding_model, catalog) if args.embedding_model else sel.embedding))

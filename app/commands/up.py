@@ -16,6 +16,7 @@ import signal
 import sys
 import threading
 import time
+from pathlib import Path
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -90,6 +91,7 @@ class Prepared:
     hw: Hardware
     embedder: ModelInfo | None = None
     chat_template: str | None = None  # in place of the target's own (--chat-template-file, the preset's)
+    mmproj: Path | None = None  # the target's vision projector
 
 
 def prepare(args: argparse.Namespace, settings: ServeSettings, steps: Steps) -> Prepared:
@@ -122,6 +124,7 @@ def prepare(args: argparse.Namespace, settings: ServeSettings, steps: Steps) -> 
         roles = [("target", sel.target)] + ([("draft", sel.draft)] if sel.draft and settings.speculative else [])
         embedding = resolve_ref(args.embedding_model, catalog_from_args(args)) if getattr(args, "embedding_model", None) else sel.embedding
         roles += [("embedding", embedding)] if embedding is not None else []
+        roles += [("mmproj", sel.mmproj)] if sel.mmproj is not None else []
         got = {role: pull_one(fetcher, ref) for role, ref in roles}
         r["done"] = "; ".join(f"{role} {g.path.name} ({g.source}, {'hashed now' if g.hashed_now else 'verified earlier'})"
                               for role, g in got.items())
@@ -148,7 +151,8 @@ def prepare(args: argparse.Namespace, settings: ServeSettings, steps: Steps) -> 
         steps.console.print(render_plan(plan, sel.name))
         r["done"] = f"context {plan.ctx:,}, {plan.parallel} slot(s), {plan.used / 2**30:.2f} of {plan.budget / 2**30:.2f} GiB"
     return Prepared(sel.name, plan, target, draft, hw, embedder,
-                    chat_template(getattr(settings, "chat_template_file", None), sel))
+                    chat_template(getattr(settings, "chat_template_file", None), sel),
+                    got["mmproj"].path if "mmproj" in got else None)
 
 
 def prompt_ids(tok, messages: list[dict]) -> list[int]:
@@ -169,7 +173,7 @@ def load_and_warm(prep: Prepared, threads: int, settings: ServeSettings, steps: 
             speculative = settings.speculative
             loaded = load(prep.plan, prep.target, prep.draft, threads, adaptive=speculative,
                           suffix_tokens=settings.suffix_tokens, cache_ram_mib=settings.cache_ram, cancel=steps.stop,
-                          chat_template=prep.chat_template)
+                          chat_template=prep.chat_template, mmproj=prep.mmproj)
             drafter = ", MTP head loaded" if prep.plan.mtp else ", draft loaded" if loaded.draft else ""
             r["done"] = f"target n_ctx {loaded.target.n_ctx:,}" + drafter + \
                         (", speculation costs calibrated" if speculative else "")

@@ -19,6 +19,7 @@ from app.engine.engine import Engine
 from app.engine.text import Tokenizer
 from app.gguf.info import ModelInfo
 from app.llama.context import Context, LoadCancelled, Model
+from app.llama.vision import Projector
 from app.plan.planner import Plan
 
 SUFFIX_TOKENS = 100_000  # recent requests' tokens the suffix index holds (about 12 MiB, measured)
@@ -32,8 +33,11 @@ class Loaded:
     target: Context
     draft: Context | None  # the draft model's context
     mtp: MtpDrafter | None = None  # the target's MTP head drafting (its context: mtp.mtp, of the target's model)
+    vision: Projector | None = None  # the target's vision projector (images in)
 
     def close(self) -> None:
+        if self.vision is not None:
+            self.vision.close()
         head = None
         if self.mtp is not None:
             self.mtp.close()
@@ -54,13 +58,15 @@ def saved_bytes(plan: Plan, cache_ram_mib: int) -> int:
 
 def load(plan: Plan, target: ModelInfo, draft: ModelInfo | None, threads: int, adaptive: bool = False,
          suffix_tokens: int = SUFFIX_TOKENS, cache_ram_mib: int = CACHE_RAM_MIB,
-         cancel: threading.Event | None = None, chat_template: str | None = None) -> Loaded:
+         cancel: threading.Event | None = None, chat_template: str | None = None,
+         mmproj: Path | None = None) -> Loaded:
     """Target and draft contexts from the plan, and an engine over them. `adaptive`: prompt lookup,
     the suffix index over recent requests (`suffix_tokens`; 0 = none) and the draft model behind the
     controller, with costs calibrated on this machine now. `cache_ram_mib`: host memory for prompt
     caches whose slot was taken (see `saved_bytes`). `cancel`: set, loading stops at llama.cpp's next
     progress report or between its phases (LoadCancelled), and what was loaded is freed.
-    `chat_template`: used in place of the target's own (--chat-template-file)."""
+    `chat_template`: used in place of the target's own (--chat-template-file). `mmproj`: the target's
+    vision projector (images in); one that does not fit the target fails the load, naming it."""
     made: list[Context] = []
 
     def context(info: ModelInfo, params, load_mtp: bool = False) -> Context:
@@ -73,9 +79,11 @@ def load(plan: Plan, target: ModelInfo, draft: ModelInfo | None, threads: int, a
         check_cancel(cancel)
         return made[-1]
 
-    mtp = None
+    mtp = vision = None
     try:
         tc = context(target, plan.target, load_mtp=plan.mtp is not None)
+        if mmproj is not None:
+            vision = Projector(mmproj, tc.model, threads, use_gpu=plan.target.n_gpu_layers > 0)
         dc = context(draft, plan.draft) if draft is not None and plan.draft is not None else None
         if plan.mtp is not None:
             mtp = MtpDrafter(tc, Context(tc.model, plan.mtp, threads, mtp_of=tc))
@@ -87,6 +95,8 @@ def load(plan: Plan, target: ModelInfo, draft: ModelInfo | None, threads: int, a
                               stop=cancel.is_set if cancel is not None else None, mtp=mtp)
             controller = adaptive_controller(costs)
     except BaseException:
+        if vision is not None:
+            vision.close()
         for c in made:
             c.close()
         for c in made:
@@ -97,8 +107,8 @@ def load(plan: Plan, target: ModelInfo, draft: ModelInfo | None, threads: int, a
                             checkpoints_of(plan, dc, 1) if dc is not None else None, mtp=mtp)
     engine = Engine(tc, drafter, plan.parallel, draft_limit=plan.draft_max, costs=controller,
                     saved_bytes=saved_bytes(plan, cache_ram_mib), halt=halt,
-                    checkpoints=checkpoints_of(plan, tc, 0))
-    return Loaded(engine, Tokenizer(tc.model, chat_template or target.vocab.chat_template), tc, dc, mtp)
+                    checkpoints=checkpoints_of(plan, tc, 0), vision=vision)
+    return Loaded(engine, Tokenizer(tc.model, chat_template or target.vocab.chat_template), tc, dc, mtp, vision)
 
 
 def checkpoints_of(plan: Plan, ctx: Context, which: int) -> Checkpoints:

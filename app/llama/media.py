@@ -96,6 +96,17 @@ def image_end(tokens: Sequence[int], at: int) -> int:
     return at
 
 
+IMAGE = -1  # what `folded` puts where an image's rows are
+
+
+def folded(tokens: Sequence[int]) -> Sequence[int]:
+    """The tokens with every media id as IMAGE (for indexes that keep 32-bit tokens and never draft
+    an image); the sequence itself where it holds none."""
+    if not has_media(tokens):
+        return tokens
+    return [t if t >= 0 else IMAGE for t in tokens]
+
+
 def image_tokens(key: int, n: int) -> list[int]:
     return [media_id(key, r) for r in range(n)]
 

@@ -103,6 +103,7 @@ class Preset(_Strict):
     context: int = Field(gt=0)
     hardware: Literal["gpu-24gb", "cpu"]
     embedding: str | None = None  # a catalogue model served for /v1/embeddings
+    mmproj: str | None = None  # the target's vision projector (a catalogue model): images in, on every API
     chat_template_file: Path | None = None  # a chat template in place of the target's own (relative: to the catalogue)
 
 
@@ -116,7 +117,7 @@ class Catalog(_Strict):
     @model_validator(mode="after")
     def _references_resolve(self) -> Catalog:
         for p in self.presets.values():
-            for role, ref in (("target", p.target), ("draft", p.draft)):
+            for role, ref in (("target", p.target), ("draft", p.draft), ("mmproj", p.mmproj)):
                 if ref is not None and ref not in self.models and not (role == "draft" and ref == MTP):
                     raise ValueError(f"preset '{p.name}' {role} '{ref}' is not a model in [models]")
         for d in (self.default_gpu_preset, self.default_cpu_preset):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from app.errors import CatalogError
@@ -59,6 +59,17 @@ class Selection:
     embedding: ModelRef | None = None  # an optional embedding model served beside the pair
     chat_template_file: Path | None = None  # the preset's chat template in place of the target's own
     mtp: bool = False  # the target's own MTP (nextn) head drafts (--draft mtp), no draft model
+    mmproj: ModelRef | None = None  # the target's vision projector (images in), None: text only
+
+
+def with_mmproj(sel: Selection, asked: str | None, off: bool, catalog: Catalog) -> Selection:
+    """The selection with its projector as asked: --mmproj FILE|MODEL names one, --no-mmproj leaves
+    it out, neither keeps the preset's."""
+    if asked and off:
+        raise CatalogError("give --mmproj or --no-mmproj, not both")
+    if off:
+        return replace(sel, mmproj=None)
+    return replace(sel, mmproj=resolve_ref(asked, catalog)) if asked else sel
 
 
 def select(
@@ -88,6 +99,7 @@ def select(
             ModelRef(spec=catalog.models[p.embedding]) if p.embedding else None,
             catalog.source.parent / p.chat_template_file if p.chat_template_file else None,
             mtp=mtp,
+            mmproj=ModelRef(spec=catalog.models[p.mmproj]) if p.mmproj else None,
         )
     if name in catalog.models or name.startswith("hf://"):
         return Selection(name, resolve_ref(name, catalog), None, mtp=mtp)

@@ -9,7 +9,8 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from fastapi import Request
@@ -19,9 +20,12 @@ from app.chat.grammar import call_grammar
 from app.chat.stream import CallArguments, CallEnd, CallStart, ChatStream, Delta, Parsed, ReasoningDelta, TextDelta
 from app.engine.records import RequestRecord, StepRecord
 from app.errors import SpecdeckError
+from app.llama.media import Picture
+from app.server.conversation import Chat, forced_tools, image_limits, offered_tools, pictures, template_messages
 from app.server.core import FINISH, Service, failed_error, stopping_error
 from app.server.errors import ApiError
 from app.server.scheduler import Done, Failed, Job, Progress
+from app.server.settings import ServeSettings
 from app.server.textstream import TextStream
 
 
@@ -56,16 +60,19 @@ class ChatPrompt:
     started: bool = False
     grammar: str | None = None
     triggers: tuple[str, ...] = ()
+    pictures: dict[int, Picture] = field(default_factory=dict)  # the prompt's images by key (media ids in `ids`)
 
     def stream(self, service: Service) -> ChatStream:
         return ChatStream(service.chat, self.tools, self.started)
 
 
 def render_prompt(service: Service, messages: list[dict], tools: list[dict], thinking: bool | None = None,
-                  extra: dict | None = None) -> tuple[list[int], bool]:
+                  extra: dict | None = None, pictures: Sequence[Picture] = ()) -> tuple[list[int], bool]:
     """Messages through the model's chat template (tools written in where the format needs it). An
     assistant message last is continued (prefill): the rest is rendered with the generation prompt
-    and its text follows unclosed. Returns the ids and whether the prompt opened the reasoning."""
+    and its text follows unclosed. `pictures`: the images whose markers the messages carry, in order
+    (the projector tokenizes the text around them). Returns the ids and whether the prompt opened
+    the reasoning."""
     tok, spec = service.tokenizer, service.chat
     prefill = messages[-1]["role"] == "assistant" if messages else False
     if prefill and messages[-1].get("tool_calls"):
@@ -83,11 +90,22 @@ def render_prompt(service: Service, messages: list[dict], tools: list[dict], thi
     except Exception as e:  # noqa: BLE001 - a template that cannot render these messages
         raise ApiError(400, f"cannot render these messages with the model's chat template: {e}") from None
     started = spec.reasoning is not None and spec.reasoning.opened_by(text)
-    ids = tok.prompt_tokens(text)
+    ids = _tokens(service, text, pictures)
     if prefill and messages[-1].get("content"):
         ids += tok.encode(messages[-1]["content"], add_special=False, parse_special=False)
         started = False  # the continued text decides; it is parsed as the model's own
     return ids, started
+
+
+def _tokens(service: Service, text: str, pictures: Sequence[Picture]) -> list[int]:
+    tok = service.tokenizer
+    if not pictures:
+        return tok.prompt_tokens(text)
+    has_bos = tok.add_bos and text.startswith(tok.piece(tok.bos))
+    try:
+        return service.vision.tokenize(text, list(pictures), add_special=tok.add_bos and not has_bos)
+    except SpecdeckError as e:
+        raise ApiError(400, e.message, code="invalid_image") from None
 
 
 def _render(tok, messages: list[dict], tools: list[dict], thinking: bool | None, extra: dict | None) -> str:
@@ -111,13 +129,23 @@ def leading_system(messages: list[dict]) -> list[dict]:
     return [{"role": "system", "content": text}] + [m for m in messages if m.get("role") != "system"]
 
 
-def chat_prompt(service: Service, messages: list[dict], tools: list[dict], forced: list[dict] | None = None,
-                thinking: bool | None = None, parallel: bool = True, extra: dict | None = None,
-                param: str = "tool_choice") -> ChatPrompt:
-    """Render the messages; with tools, the grammar of a call in the model's own format: forced
-    (`forced`: the answer is a call of one of these) or lazy (free text until the format's opening)."""
-    ids, started = render_prompt(service, messages, tools, thinking, extra)
-    prompt = ChatPrompt(ids, tools, started)
+async def chat_prompt(service: Service, settings: ServeSettings, chat: Chat) -> ChatPrompt:
+    """Render one chat request (any API's): its images decoded, the tools it offers; with tools, the
+    grammar of a call in the model's own format: forced (tool_choice required or named) or lazy (free
+    text until the format's opening)."""
+    tools = offered_tools(chat, service.supports_tools)
+    forced = forced_tools(chat, tools)
+    pics = await pictures(chat, image_limits(settings), service.vision is not None)
+    marker = service.vision.marker if service.vision is not None else ""
+    ids, started = render_prompt(service, template_messages(chat, marker), tools, chat.thinking,
+                                 chat.template_kwargs, pics)
+    prompt = ChatPrompt(ids, tools, started, pictures={p.key: p for p in pics})
+    return _with_call_grammar(service, prompt, forced, chat.parallel, chat.tool_param)
+
+
+def _with_call_grammar(service: Service, prompt: ChatPrompt, forced: list[dict] | None, parallel: bool,
+                       param: str) -> ChatPrompt:
+    tools, started = prompt.tools, prompt.started
     spec = service.chat
     if not tools or spec.tools is None or not spec.tools.opening:
         if forced:

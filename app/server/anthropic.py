@@ -6,8 +6,10 @@ Content blocks become the chat template's messages: text, `tool_use` (an assista
 and `tool_result` (a tool message). Harmless extras are ignored (`cache_control`, `metadata`,
 `thinking` on a template without a thinking mode, server-side tools the model cannot run).
 Reasoning comes back as `thinking` blocks (`thinking_delta` events when streaming), and thinking
-blocks an agent sends back reach the template as the assistant message's reasoning.; what cannot be honoured is a 400 in Anthropic's envelope (images and
-documents on this text-only model, a tool_choice naming a tool that is not offered)."""
+blocks an agent sends back reach the template as the assistant message's reasoning. Image blocks
+(base64, or a URL where the server fetches them), in a user message or a tool result, reach the
+model's projector. What cannot be honoured is a 400 in Anthropic's envelope (documents, an image on
+a model without a projector, a tool_choice naming a tool that is not offered)."""
 
 from __future__ import annotations
 
@@ -24,17 +26,19 @@ from app.chat.format import Call
 from app.chat.stream import Parsed
 from app.engine.records import RequestRecord
 from app.errors import SpecdeckError
-from app.server.answer import Answer, Failure, Final, Idle, chat_prompt, delta_events, render_prompt
+from app.server.answer import Answer, Failure, Final, Idle, chat_prompt, delta_events
+from app.server.conversation import Chat, Message
+from app.server.conversation import ToolChoice as Choice
 from app.server.core import (
     STREAM_HEADERS,
     Service,
     check_model,
-    refuse_images,
     require_ready,
     stopping_error,
     submit,
 )
 from app.server.errors import ApiError, shaped
+from app.server.images import ImageIn, from_base64, from_url
 from app.server.metrics import Metrics
 from app.server.schemas import Sampling, StrictBody
 from app.server.settings import ServeSettings
@@ -42,11 +46,10 @@ from app.server.structured import json_grammar
 
 IGNORED_BLOCKS = {"redacted_thinking", "server_tool_use", "web_search_tool_result",
                   "web_fetch_tool_result", "code_execution_tool_result", "mcp_tool_use", "mcp_tool_result"}
-UNREADABLE_BLOCKS = {"image", "document"}
 STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
 
 
-class Message(StrictBody):
+class AnthropicMessage(StrictBody):
     role: Literal["user", "assistant", "system"]  # Claude Code sends system messages between the turns
     content: str | list[dict[str, Any]]
 
@@ -70,7 +73,7 @@ class ToolChoice(StrictBody):
 
 class CountRequest(StrictBody):
     model: str
-    messages: list[Message] = Field(min_length=1)
+    messages: list[AnthropicMessage] = Field(min_length=1)
     system: str | list[dict[str, Any]] | None = None
     tools: list[Tool] | None = None
     tool_choice: ToolChoice | None = None
@@ -94,15 +97,13 @@ def add_anthropic_routes(app: FastAPI, settings: ServeSettings, service: Service
         require_ready(service)
         sampling = _sampling(body, service.n_ctx)
         check_model(sampling, service, settings)
-        tools = _tools(body, service)
+        chat = to_chat(body, sampling)
         schema_grammar = _output_grammar(body)
-        forced = _forced(body, tools)
-        if schema_grammar is not None and forced:
+        if schema_grammar is not None and chat.tool_choice.mode in ("required", "named") and chat.tools:
             raise ApiError(400, "output_config.format and a forced tool_choice cannot be combined", param="tool_choice")
-        prompt = chat_prompt(service, _chat_messages(body), tools, forced, _thinking(body),
-                             parallel=not (body.tool_choice and body.tool_choice.disable_parallel_tool_use))
+        prompt = await chat_prompt(service, settings, chat)
         grammar, triggers = (schema_grammar, ()) if schema_grammar is not None else (prompt.grammar, prompt.triggers)
-        job = submit(service, settings, metrics, sampling, prompt.ids, grammar, triggers=triggers)
+        job = submit(service, settings, metrics, sampling, prompt.ids, grammar, triggers=triggers, pictures=prompt.pictures)
         answer = Answer(service, job, sampling.stops(), prompt.stream(service))
         if body.stream:
             return StreamingResponse(_stream(request, answer, service, len(prompt.ids), settings.keep_alive),
@@ -115,9 +116,8 @@ def add_anthropic_routes(app: FastAPI, settings: ServeSettings, service: Service
     @app.post("/v1/messages/count_tokens")
     async def count_tokens(body: CountRequest):
         require_ready(service)
-        tools = _tools(body, service)
-        ids, _ = render_prompt(service, _chat_messages(body), tools, _thinking(body))
-        return {"input_tokens": len(ids)}
+        prompt = await chat_prompt(service, settings, to_chat(body, Sampling()))
+        return {"input_tokens": len(prompt.ids)}
 
 
 # -- request -----------------------------------------------------------------------------------
@@ -135,86 +135,98 @@ def _thinking(body: CountRequest) -> bool | None:
     return {"enabled": True, "adaptive": True, "disabled": False}.get(kind) if isinstance(kind, str) else None
 
 
+def to_chat(body: CountRequest, sampling: Sampling) -> Chat:
+    """An Anthropic body as the one chat request: the system prompt first, content blocks as parts,
+    the agent's own tools (server tools, which run on Anthropic's side, are left out)."""
+    messages = [Message("system", [_text_of(body.system, "system")])] if body.system else []
+    for i, m in enumerate(body.messages):
+        messages += _one_message(m, f"messages.{i}")
+    choice = body.tool_choice
+    mode = {"any": "required", "tool": "named"}.get(choice.type, choice.type) if choice is not None else "auto"
+    return Chat(messages, sampling,
+                tools=[{"name": t.name, "description": t.description or "", "parameters": t.input_schema or {"type": "object"}}
+                       for t in body.tools or [] if not t.is_server_tool],
+                tool_choice=Choice(mode, choice.name if choice is not None else None),
+                parallel=not (choice and choice.disable_parallel_tool_use), thinking=_thinking(body))
+
+
 def _text_of(blocks: str | list[dict], where: str) -> str:
-    """The text of a string or a list of blocks (a system prompt, a tool result)."""
+    """The text of a string or a list of blocks (a system prompt)."""
     if isinstance(blocks, str):
         return blocks
     parts = []
-    for b in blocks:
+    for j, b in enumerate(blocks):
         kind = b.get("type") if isinstance(b, dict) else None
         if kind == "text":
             parts.append(str(b.get("text", "")))
-        elif kind in UNREADABLE_BLOCKS:
-            raise refuse_images(where)
         elif kind not in IGNORED_BLOCKS:
-            raise ApiError(400, f"{where}: content block type {kind!r} is not supported here", param=where)
-    return "\n".join(parts) if where == "system" else "".join(parts)
+            at = f"{where}.{j}"
+            raise ApiError(400, f"{at}: content block type {kind!r} is not supported here", param=at)
+    return "\n".join(parts)
 
 
-def _chat_messages(body: CountRequest) -> list[dict]:
-    """Anthropic's system prompt and messages as the chat template's messages."""
-    out: list[dict] = []
-    if body.system:
-        out.append({"role": "system", "content": _text_of(body.system, "system")})
-    for i, m in enumerate(body.messages):
-        out += _one_message(m, f"messages.{i}")
+def _image(b: dict, where: str) -> ImageIn:
+    """An image block: base64 ({"type": "base64", "media_type", "data"}) or a URL ({"type": "url"})."""
+    src = b.get("source") if isinstance(b.get("source"), dict) else {}
+    if src.get("type") == "base64":
+        return from_base64(src.get("data"), where)
+    if src.get("type") == "url":
+        return from_url(src.get("url"), where)
+    raise ApiError(400, f"{where}: an image's source must be base64 or url", param=where, code="invalid_image")
+
+
+def _result_parts(content: Any, where: str) -> list:
+    """A tool result's content: text, or blocks of text and images (a screenshot tool's)."""
+    if isinstance(content, str):
+        return [content]
+    if not isinstance(content, list):
+        return [str(content)]
+    out: list = []
+    for j, b in enumerate(content):
+        kind = b.get("type") if isinstance(b, dict) else None
+        if kind == "text":
+            out.append(str(b.get("text", "")))
+        elif kind == "image":
+            out.append(_image(b, f"{where}.{j}"))
+        elif kind not in IGNORED_BLOCKS:
+            raise ApiError(400, f"{where}.{j}: content block type {kind!r} is not supported here", param=f"{where}.{j}")
     return out
 
 
-def _one_message(m: Message, where: str) -> list[dict]:
+def _one_message(m: AnthropicMessage, where: str) -> list[Message]:
     if m.role == "system":
-        return [{"role": "system", "content": _text_of(m.content, where)}]
+        return [Message("system", [_text_of(m.content, where)])]
     if isinstance(m.content, str):
-        return [{"role": m.role, "content": m.content}]
-    texts: list[str] = []
+        return [Message(m.role, [m.content])]
+    parts: list = []
     thoughts: list[str] = []
     calls: list[dict] = []
-    results: list[dict] = []
+    results: list[Message] = []
     for j, b in enumerate(m.content):
         kind = b.get("type") if isinstance(b, dict) else None
         at = f"{where}.content.{j}"
         if kind == "text":
-            texts.append(str(b.get("text", "")))
+            parts.append(str(b.get("text", "")))
+        elif kind == "image" and m.role == "user":
+            parts.append(_image(b, at))
         elif kind == "thinking" and m.role == "assistant":
             thoughts.append(str(b.get("thinking", "")))
         elif kind == "tool_use" and m.role == "assistant":
             args = b.get("input") if isinstance(b.get("input"), dict) else {}
             calls.append({"id": b.get("id"), "type": "function", "function": {"name": b.get("name"), "arguments": args}})
         elif kind == "tool_result" and m.role == "user":
-            content = b.get("content", "")
-            text = _text_of(content if isinstance(content, (str, list)) else str(content), at)
+            content = _result_parts(b.get("content", ""), f"{at}.content")
             if b.get("is_error"):
-                text = "Error: " + text
-            results.append({"role": "tool", "tool_call_id": b.get("tool_use_id"), "content": text})
-        elif kind in UNREADABLE_BLOCKS:
-            raise refuse_images(at)
+                content = ["Error: "] + content
+            results.append(Message("tool", content, tool_call_id=b.get("tool_use_id")))
         elif kind in IGNORED_BLOCKS:
             continue
         else:
             raise ApiError(400, f"{at}: content block type {kind!r} is not supported in a {m.role} message", param=at)
     if m.role == "assistant":
-        msg: dict = {"role": "assistant", "content": "".join(texts)}
-        if thoughts:
-            msg["reasoning_content"] = "\n".join(thoughts)
-        if calls:
-            msg["tool_calls"] = calls
-        return [msg]
-    return results + ([{"role": "user", "content": "".join(texts)}] if texts or not results else [])
-
-
-def _tools(body: CountRequest, service: Service) -> list[dict]:
-    """The agent's tools as function definitions (server tools, which run on Anthropic's side, are
-    left out; none at all with tool_choice "none")."""
-    choice = body.tool_choice
-    own = [t for t in body.tools or [] if not t.is_server_tool]
-    if not own or (choice is not None and choice.type == "none"):
-        return []
-    if not service.supports_tools:
-        raise ApiError(400, "this model's chat template has no tool support: send the request without `tools`", param="tools")
-    if choice is not None and choice.type == "tool" and choice.name not in {t.name for t in own}:
-        raise ApiError(400, f"tool_choice names {choice.name!r}, which is not among the tools", param="tool_choice")
-    return [{"name": t.name, "description": t.description or "", "parameters": t.input_schema or {"type": "object"}}
-            for t in own]
+        return [Message("assistant", ["".join(p for p in parts if isinstance(p, str))],
+                        reasoning="\n".join(thoughts) if thoughts else None, tool_calls=calls or None)]
+    return results + ([Message("user", parts)] if parts or not results else [])
 
 
 def _output_grammar(body: MessagesRequest) -> str | None:
@@ -226,14 +238,6 @@ def _output_grammar(body: MessagesRequest) -> str | None:
         except SpecdeckError as e:
             raise ApiError(400, e.message, param="output_config.format") from None
     return None
-
-
-def _forced(body: MessagesRequest, tools: list[dict]) -> list[dict] | None:
-    """tool_choice "any" (one of the tools) or "tool" (that one): the answer is a call, by grammar."""
-    choice = body.tool_choice
-    if not tools or choice is None or choice.type in ("auto", "none"):
-        return None
-    return tools if choice.type == "any" else [t for t in tools if t["name"] == choice.name]
 
 
 # -- answer ------------------------------------------------------------------------------------

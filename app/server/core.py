@@ -22,6 +22,8 @@ from app.engine.engine import SpecParams
 from app.engine.records import RequestRecord
 from app.engine.sampling import SamplingParams, check_grammar
 from app.engine.text import Tokenizer
+from app.llama.media import text_only
+from app.llama.vision import Projector
 from app.plan.hardware import read_gpus
 from app.plan.planner import Plan
 from app.server.audit import current_usage
@@ -71,17 +73,12 @@ def check_vocab(ids: list[int], n_vocab: int, param: str) -> None:
         raise ApiError(400, f"token id {bad} is outside the vocabulary", param=param)
 
 
-def context_error(n_prompt: int, n_ctx: int, param: str = "messages") -> ApiError:
+def context_error(n_prompt: int, n_ctx: int, param: str = "messages", images: str = "") -> ApiError:
     """A prompt that does not fit: llama-server's error type and OpenAI's code, with both sizes, so an
     agent can trim its history and retry."""
-    return ApiError(400, f"the request is {n_prompt:,} tokens; this server's context is {n_ctx:,} tokens",
+    return ApiError(400, f"the request is {n_prompt:,} tokens{images}; this server's context is {n_ctx:,} tokens",
                     "exceed_context_size_error", param, code="context_length_exceeded",
                     extra={"n_prompt_tokens": n_prompt, "n_ctx": n_ctx})
-
-
-def refuse_images(what: str = "messages") -> ApiError:
-    return ApiError(400, "this model takes text only: images cannot be read (send text content)", param=what,
-                    code="image_not_supported")
 
 
 def fim_tokens(tok: Tokenizer, prefix: str, suffix: str, extra) -> list[int]:
@@ -102,10 +99,13 @@ def fim_tokens(tok: Tokenizer, prefix: str, suffix: str, extra) -> list[int]:
 
 
 def engine_request(body: Sampling, ids: list[int], service: Service, settings: ServeSettings,
-                    grammar: str | None = None, triggers: tuple[str, ...] = ()) -> EngineRequest:
+                    grammar: str | None = None, triggers: tuple[str, ...] = (),
+                    pictures: dict | None = None) -> EngineRequest:
     n_ctx = service.n_ctx
     if len(ids) >= n_ctx:
-        raise context_error(len(ids), n_ctx)
+        n_image = len(ids) - len(text_only(ids))
+        raise context_error(len(ids), n_ctx, images=f", {n_image:,} of them for its {len(pictures)} image(s): send "
+                                                     "fewer or smaller images" if pictures else "")
     if len(body.stops()) > MAX_STOP_STRINGS:
         raise ApiError(400, f"at most {MAX_STOP_STRINGS} stop strings", param="stop")
     asked = body.budget()
@@ -123,7 +123,7 @@ def engine_request(body: Sampling, ids: list[int], service: Service, settings: S
     n_max = spec.n_max if spec and spec.n_max is not None else limit
     key = request_partition()
     return EngineRequest(
-        prompt=ids, max_tokens=max(0, max_tokens), logprobs=n_logprobs,
+        prompt=ids, pictures=pictures or {}, max_tokens=max(0, max_tokens), logprobs=n_logprobs,
         sampling=SamplingParams(temperature=temperature(body, settings), top_k=body.top_k, top_p=body.top_p, min_p=body.min_p,
                                 repeat_penalty=body.repeat_penalty, frequency_penalty=body.frequency_penalty,
                                 presence_penalty=body.presence_penalty,
@@ -183,8 +183,10 @@ STREAM_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
 def submit(service: Service, settings: ServeSettings, metrics: Metrics, body: Sampling, ids: list[int],
-            grammar: str | None, quiet: bool | None = None, triggers: tuple[str, ...] = ()) -> Job:
-    req = engine_request(body, ids, service, settings, grammar, triggers)
+            grammar: str | None, quiet: bool | None = None, triggers: tuple[str, ...] = (),
+            pictures: dict | None = None) -> Job:
+    """Queue a request: its prompt's ids, and the images whose media ids it holds (by key)."""
+    req = engine_request(body, ids, service, settings, grammar, triggers, pictures)
     if quiet is None:  # a whole answer with no stop string to watch: no per-step events
         quiet = not body.stream and not body.stops()
     job = Job(req, asyncio.get_running_loop(), time.monotonic() + settings.request_timeout, quiet=quiet,
@@ -224,7 +226,7 @@ def finished(metrics: Metrics, settings: ServeSettings, service: Service, job: J
             "drafted": rec.drafted, "accepted": rec.accepted}
     texts = {}
     if settings.log_prompts and service.tokenizer is not None:
-        texts = {"prompt": service.tokenizer.decode(job.request.prompt), "completion": service.tokenizer.decode(rec.completion)}
+        texts = {"prompt": service.tokenizer.decode(text_only(job.request.prompt)), "completion": service.tokenizer.decode(rec.completion)}
     if job.usage is not None:
         job.usage.add(rec.prompt_tokens, rec.reused_tokens, len(rec.completion), texts)
     log.info(json.dumps({**line, **texts}))
@@ -340,6 +342,7 @@ class Service:
     details: dict = field(default_factory=dict)  # the target's GGUF facts (Ollama's tags / show)
     stats: LiveStats = field(default_factory=LiveStats)  # live figures for /v1/status and the dashboard
     embedder: Embedder | None = None  # the optional embedding model (/v1/embeddings, /api/embed)
+    vision: Projector | None = None  # the target's vision projector (None: images get a clear 400)
     alerts: AlertWatcher | None = None  # raised alerts for /v1/status, /metrics and the dashboard
     revision: int | None = None  # the configuration revision being served (specdeck config history)
     fallback: dict | None = None  # {"from": revision, "reason": ...} when it serves in place of a failed start

@@ -33,7 +33,9 @@ from app.server.core import (
     submit,
     timings,
 )
+from app.server.conversation import Chat, Message, image_limits, pictures
 from app.server.errors import ApiError
+from app.server.images import from_base64
 from app.server.metrics import Metrics
 from app.server.schemas import ChatMessage, Sampling, StrictBody
 from app.server.settings import ServeSettings
@@ -58,8 +60,16 @@ class NativeSampling(Sampling):
     id_slot: int = -1
 
 
+class MultimodalPrompt(StrictBody):
+    """llama-server's prompt with images: the text, with one `<__media__>` marker per image, and the
+    images as base64 in the same order."""
+
+    prompt_string: str
+    multimodal_data: list[str] = []
+
+
 class CompletionBody(NativeSampling):
-    prompt: str | list[int | str] = ""
+    prompt: str | list[int | str] | MultimodalPrompt = ""
 
 
 class InfillExtra(StrictBody):
@@ -96,6 +106,9 @@ def add_llamacpp_routes(app: FastAPI, settings: ServeSettings, service: Service,
     @app.post("/completions")
     async def completion(body: CompletionBody, request: Request):
         require_ready(service)
+        if isinstance(body.prompt, MultimodalPrompt):
+            ids, pics = await _multimodal_tokens(service, settings, body.prompt)
+            return await _native(request, service, settings, metrics, body, ids, pics)
         ids = _prompt_tokens(service.tokenizer, body.prompt)
         return await _native(request, service, settings, metrics, body, ids)
 
@@ -155,6 +168,24 @@ def _piece(tok: Tokenizer, t: int) -> str | list[int]:
         return b.decode("utf-8")
     except UnicodeDecodeError:
         return list(b)
+
+
+async def _multimodal_tokens(service: Service, settings: ServeSettings, prompt: MultimodalPrompt) -> tuple[list[int], dict]:
+    """The prompt's ids with its images where its markers stand, and the images by key."""
+    limits = image_limits(settings)
+    images = [from_base64(d, f"prompt.multimodal_data.{i}") for i, d in enumerate(prompt.multimodal_data)]
+    got = await pictures(Chat([Message("user", images)], Sampling()), limits, service.vision is not None)
+    if not got:
+        return service.tokenizer.encode(prompt.prompt_string), {}
+    marker = service.vision.marker
+    if prompt.prompt_string.count(marker) != len(got):
+        raise ApiError(400, f"the prompt has {prompt.prompt_string.count(marker)} {marker} marker(s) for {len(got)} "
+                            "image(s): one marker where each image goes", param="prompt.prompt_string")
+    try:
+        ids = service.vision.tokenize(prompt.prompt_string, got, add_special=service.tokenizer.add_bos)
+    except SpecdeckError as e:
+        raise ApiError(400, e.message, param="prompt", code="invalid_image") from None
+    return ids, {p.key: p for p in got}
 
 
 def _prompt_tokens(tok: Tokenizer, prompt: str | list[int | str]) -> list[int]:
@@ -223,11 +254,11 @@ def _final(body: NativeSampling, service: Service, final: Final, budget: _Budget
 
 
 async def _native(request: Request, service: Service, settings: ServeSettings, metrics: Metrics,
-                  body: NativeSampling, ids: list[int]):
+                  body: NativeSampling, ids: list[int], pictures: dict | None = None):
     if body.n_probs and body.logprobs is None:
         body = body.model_copy(update={"logprobs": body.n_probs})
     job = submit(service, settings, metrics, body, ids, _grammar(body, service),
-                 quiet=False if body.t_max_predict_ms else None)
+                 quiet=False if body.t_max_predict_ms else None, pictures=pictures)
     answer, budget = Answer(service, job, body.stops(), every_step=True), _Budget(body.t_max_predict_ms)
     if body.stream:
         return StreamingResponse(_stream(request, answer, budget, body, service, settings.keep_alive),
@@ -291,7 +322,7 @@ def _props(service: Service, settings: ServeSettings) -> dict:
     tok = service.tokenizer
     return {"default_generation_settings": {**_generation_settings(None, service), "params": _generation_settings(None, service)},
             "total_slots": len(service.scheduler.engine.slots), "model_alias": service.model_id,
-            "model_path": str(service.models.get("target") or ""), "modalities": {"vision": False, "audio": False},
+            "model_path": str(service.models.get("target") or ""), "modalities": {"vision": service.vision is not None, "audio": False},
             "endpoint_slots": settings.slots_endpoint, "endpoint_props": True, "endpoint_metrics": True,
             "chat_template": tok.chat_template or "", "chat_template_caps": {"supports_tools": service.supports_tools, "supports_reasoning": service.chat.reasoning is not None},
             "chat_format": service.chat.name,

@@ -19,7 +19,9 @@ from app.chat.stream import CallEnd, ChatStream, ReasoningDelta, TextDelta
 from app.engine.records import RequestRecord
 from app.engine.text import Tokenizer
 from app.errors import SpecdeckError
-from app.server.answer import Answer, Failure, Final, chat_prompt, render_prompt
+from app.llama.media import text_only
+from app.server.answer import Answer, Failure, Final, chat_prompt
+from app.server.conversation import Chat, Message, image_limits, pictures
 from app.server.core import (
     STREAM_HEADERS,
     Service,
@@ -28,6 +30,7 @@ from app.server.core import (
     submit,
 )
 from app.server.errors import ApiError
+from app.server.images import from_base64
 from app.server.metrics import Metrics
 from app.server.schemas import Sampling, StrictBody, Tool
 from app.server.settings import ServeSettings
@@ -79,7 +82,7 @@ class ToolCallIn(StrictBody):
     function: ToolCallFunction
 
 
-class Message(StrictBody):
+class OllamaMessage(StrictBody):
     role: Literal["system", "user", "assistant", "tool"]
     content: str = ""
     images: list[str] | None = None
@@ -90,7 +93,7 @@ class Message(StrictBody):
 
 class ChatRequest(StrictBody):
     model: str
-    messages: list[Message] = []
+    messages: list[OllamaMessage] = []
     tools: list[Tool] | None = None
     format: Literal["json"] | dict[str, Any] | None = None
     options: Options | None = None
@@ -132,7 +135,7 @@ def add_ollama_routes(app: FastAPI, settings: ServeSettings, service: Service, m
         _check_name(body.model or body.name or "", service)
         d = service.details
         arch = d.get("architecture", "")
-        caps = ["completion"]
+        caps = ["completion"] + (["vision"] if service.vision is not None else [])
         if service.tokenizer is not None and service.supports_tools:
             caps.append("tools")
         if service.tokenizer is not None and _has_fim(service):
@@ -148,21 +151,19 @@ def add_ollama_routes(app: FastAPI, settings: ServeSettings, service: Service, m
     @app.post("/api/generate")
     async def generate(body: GenerateRequest, request: Request):
         _check_name(body.model, service)
-        if body.images:
-            raise ApiError(400, "this model does not take images")
-        if not body.prompt and body.suffix is None:  # Ollama: an empty prompt only loads the model
+        if not body.prompt and body.suffix is None and not body.images:  # Ollama: an empty prompt only loads the model
             require_ready(service)
             return {"model": body.model, "created_at": _now(), "response": "", "done": True, "done_reason": "load"}
         require_ready(service)
-        ids, chat = _generate_tokens(service, body)
         sampling = _sampling(body.options, body.stream, body.logprobs, body.top_logprobs)
+        ids, chat, pics = await _generate_tokens(service, settings, body, sampling)
         grammar = _format_grammar(body.format)
-        job = submit(service, settings, metrics, sampling, ids, grammar)
+        job = submit(service, settings, metrics, sampling, ids, grammar, pictures=pics)
         answer = Answer(service, job, sampling.stops(), chat)
 
         def final(f: Final) -> dict:
             return {"model": body.model, "created_at": _now(), "response": "", "done": True, "done_reason": _done_reason(f),
-                    "context": ids + f.record.completion, **_durations(f.record)}
+                    "context": text_only(ids) + f.record.completion, **_durations(f.record)}
 
         def chunk(kind: str, value) -> dict:
             out = {"model": body.model, "created_at": _now(), "response": value if kind == "content" else "", "done": False}
@@ -189,17 +190,15 @@ def add_ollama_routes(app: FastAPI, settings: ServeSettings, service: Service, m
             return {"model": body.model, "created_at": _now(), "message": {"role": "assistant", "content": ""},
                     "done": True, "done_reason": "load"}
         require_ready(service)
-        if any(m.images for m in body.messages):
-            raise ApiError(400, "this model does not take images")
-        tools = [t.function.model_dump(exclude_none=True) for t in body.tools or []]
-        if tools and not service.supports_tools:
+        if body.tools and not service.supports_tools:
             raise ApiError(400, f"{body.model} does not support tools")
-        think = _think(body.think)
-        prompt = chat_prompt(service, [_message(m) for m in body.messages], tools, None, think)
+        sampling = _sampling(body.options, body.stream, body.logprobs, body.top_logprobs)
+        prompt = await chat_prompt(service, settings, Chat(
+            [_message(m, f"messages.{i}") for i, m in enumerate(body.messages)], sampling,
+            tools=[t.function.model_dump(exclude_none=True) for t in body.tools or []], thinking=_think(body.think)))
         format_grammar = _format_grammar(body.format)
         grammar, triggers = (format_grammar, ()) if format_grammar is not None else (prompt.grammar, prompt.triggers)
-        sampling = _sampling(body.options, body.stream, body.logprobs, body.top_logprobs)
-        job = submit(service, settings, metrics, sampling, prompt.ids, grammar, triggers=triggers)
+        job = submit(service, settings, metrics, sampling, prompt.ids, grammar, triggers=triggers, pictures=prompt.pictures)
         answer = Answer(service, job, sampling.stops(), prompt.stream(service))
 
         def final(f: Final) -> dict:
@@ -309,20 +308,32 @@ def _done_reason(f: Final) -> str:
     return "stop" if f.finish == "tool_calls" else f.finish
 
 
-def _generate_tokens(service: Service, body: GenerateRequest) -> tuple[list[int], ChatStream | None]:
-    """The prompt's ids, and the chat format's parser when the prompt went through the template."""
+async def _generate_tokens(service: Service, settings: ServeSettings, body: GenerateRequest,
+                           sampling: Sampling) -> tuple[list[int], ChatStream | None, dict]:
+    """The prompt's ids, the chat format's parser when the prompt went through the template, and the
+    images by key (each before the prompt's text, as one user message)."""
     tok = service.tokenizer
     chat = None
+    limits = image_limits(settings)
+    images = [from_base64(img, f"images.{i}") for i, img in enumerate(body.images or [])]
+    pics: dict = {}
+    if images and body.suffix is not None:
+        raise ApiError(400, "images cannot go with suffix (fill-in-the-middle)", param="images")
     if body.suffix is not None:
         ids = fim_tokens(tok, body.prompt, body.suffix, [])
     elif body.raw or not tok.chat_template:
-        ids = tok.encode(body.prompt, add_special=not body.context)
+        if images:  # the raw prompt after the images' markers
+            got = await pictures(Chat([Message("user", images)], sampling), limits, service.vision is not None)
+            text = service.vision.marker * len(got) + body.prompt
+            ids = service.vision.tokenize(text, got, add_special=tok.add_bos and not body.context)
+            pics = {p.key: p for p in got}
+        else:
+            ids = tok.encode(body.prompt, add_special=not body.context)
     else:
-        messages = ([{"role": "system", "content": body.system}] if body.system else []) + [
-            {"role": "user", "content": body.prompt}]
-        think = _think(body.think)
-        ids, started = render_prompt(service, messages, [], think)
-        chat = ChatStream(service.chat, None, started)
+        messages = ([Message("system", [body.system])] if body.system else []) + [Message("user", [*images, body.prompt])]
+        prompt = await chat_prompt(service, settings, Chat(messages, sampling, thinking=_think(body.think)))
+        ids, pics = prompt.ids, prompt.pictures
+        chat = ChatStream(service.chat, None, prompt.started)
         if body.context and ids and tok.add_bos and ids[0] == tok.bos:
             ids = ids[1:]
     if body.context:
@@ -332,19 +343,15 @@ def _generate_tokens(service: Service, body: GenerateRequest) -> tuple[list[int]
         ids = list(body.context) + ids
     if len(ids) >= service.n_ctx:
         raise ApiError(400, f"the prompt is {len(ids):,} tokens; this server's context is {service.n_ctx:,} tokens")
-    return ids, chat
+    return ids, chat, pics
 
 
-def _message(m: Message) -> dict:
-    d: dict = {"role": m.role, "content": m.content}
-    if m.tool_calls:
-        d["tool_calls"] = [{"type": "function", "function": {"name": c.function.name, "arguments": c.function.arguments}}
-                           for c in m.tool_calls]
-    if m.tool_name:
-        d["name"] = m.tool_name
-    if m.thinking:
-        d["reasoning_content"] = m.thinking
-    return d
+def _message(m: OllamaMessage, where: str) -> Message:
+    """An Ollama message: its images (base64) before its text."""
+    images = [from_base64(img, f"{where}.images.{i}") for i, img in enumerate(m.images or [])]
+    calls = [{"type": "function", "function": {"name": c.function.name, "arguments": c.function.arguments}}
+             for c in m.tool_calls] if m.tool_calls else None
+    return Message(m.role, [*images, m.content], name=m.tool_name, reasoning=m.thinking, tool_calls=calls)
 
 
 def _durations(rec: RequestRecord) -> dict:

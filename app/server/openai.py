@@ -17,7 +17,8 @@ from app.chat.stream import CallEnd, ChatStream, ReasoningDelta, TextDelta
 from app.engine.sampling import check_grammar
 from app.engine.text import Tokenizer
 from app.errors import SpecdeckError
-from app.server.answer import Answer, ChatPrompt, Failure, Final, Idle, chat_prompt, render_prompt, thinking_of
+from app.server.answer import Answer, Failure, Final, Idle, chat_prompt, thinking_of
+from app.server.conversation import Chat, Message, ToolChoice
 from app.server.core import (
     STREAM_HEADERS,
     Progress,
@@ -26,7 +27,6 @@ from app.server.core import (
     check_vocab,
     fim_tokens,
     prompt_progress,
-    refuse_images,
     require_ready,
     submit,
     timings,
@@ -34,7 +34,8 @@ from app.server.core import (
 )
 from app.server.errors import ApiError, error_body
 from app.server.metrics import Metrics
-from app.server.schemas import ChatRequest, CompletionRequest, Sampling
+from app.server.images import from_url
+from app.server.schemas import ChatRequest, CompletionRequest, NamedToolChoice, Sampling
 from app.server.settings import ServeSettings
 from app.server.structured import response_format_grammar
 
@@ -49,22 +50,21 @@ def add_openai_routes(app: FastAPI, settings: ServeSettings, service: Service, m
         require_ready(service)
         check_model(body, service, settings)
         _check_budget(body)
-        prompt = _chat_prompt(body, service)
+        prompt = await chat_prompt(service, settings, to_chat(body))
         other = _grammar(body, service)
         if other is not None and prompt.grammar is not None and not prompt.triggers:
             other_name = "grammar" if body.grammar is not None else "response_format"
             raise ApiError(400, f"{other_name} and tool_choice cannot be combined", param="tool_choice")
         grammar, triggers = (other, ()) if other is not None else (prompt.grammar, prompt.triggers)
         return await _generate(request, service, settings, metrics, body, prompt.ids, "chat", grammar,
-                               chat=prompt.stream(service), triggers=triggers)
+                               chat=prompt.stream(service), triggers=triggers, pictures=prompt.pictures)
 
     @app.post("/v1/chat/completions/input_tokens")
     async def chat_input_tokens(body: ChatRequest):
         """llama-server's count of a chat request's prompt tokens, through the model's template."""
         require_ready(service)
-        ids, _ = render_prompt(service, _chat_messages(body), _active_tools(body, service), _thinking(body),
-                               body.chat_template_kwargs)
-        return {"input_tokens": len(ids)}
+        prompt = await chat_prompt(service, settings, to_chat(body))
+        return {"input_tokens": len(prompt.ids)}
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
@@ -75,16 +75,6 @@ def add_openai_routes(app: FastAPI, settings: ServeSettings, service: Service, m
         prompt = _prompt_text(service.tokenizer, body, ids)
         return await _generate(request, service, settings, metrics, body, ids, "text", _grammar(body, service),
                                echo=prompt if body.echo else "", offset=len(prompt))
-
-
-def _thinking(body: ChatRequest) -> bool | None:
-    return thinking_of(body.reasoning_effort, body.chat_template_kwargs)
-
-
-def _chat_prompt(body: ChatRequest, service: Service) -> ChatPrompt:
-    tools = _active_tools(body, service)
-    return chat_prompt(service, _chat_messages(body), tools, _forced_tools(body, tools), _thinking(body),
-                       parallel=body.parallel_tool_calls is not False, extra=body.chat_template_kwargs)
 
 
 def _prompt_text(tok: Tokenizer, body: CompletionRequest, ids: list[int]) -> str:
@@ -103,11 +93,9 @@ def _check_budget(body: Sampling) -> None:
             raise ApiError(400, f"{name} must be at least 1 (or -1: up to the context)", param=name)
 
 
-def _chat_messages(body: ChatRequest) -> list[dict]:
-    """The messages as the template reads them; llama-server's rules for a final assistant message
-    (continued), and images refused on this text-only model."""
-    if any(m.has_images() for m in body.messages):
-        raise refuse_images()
+def to_chat(body: ChatRequest) -> Chat:
+    """An OpenAI chat body as the one chat request (llama-server's rules for a final assistant
+    message: continued)."""
     roles = [m.role for m in body.messages]
     if any(a == b == "assistant" for a, b in zip(roles, roles[1:])):
         raise ApiError(400, "two assistant messages in a row: merge them, or end with one to continue it", param="messages")
@@ -115,40 +103,38 @@ def _chat_messages(body: ChatRequest) -> list[dict]:
         raise ApiError(400, "continue_final_message and add_generation_prompt cannot both be true", param="messages")
     if body.continue_final_message and roles[-1] != "assistant":
         raise ApiError(400, "continue_final_message needs an assistant message last", param="messages")
-    return [_message_dict(m) for m in body.messages]
-
-
-def _active_tools(body: ChatRequest, service: Service) -> list[dict]:
-    """The function definitions to offer the model (none when tool_choice is "none")."""
-    if not body.tools or body.tool_choice == "none":
-        return []
-    if not service.supports_tools:
-        raise ApiError(400, "this model's chat template has no tool support: send the request without `tools`", param="tools")
-    return [t.function.model_dump(exclude_none=True) for t in body.tools]
-
-
-def _forced_tools(body: ChatRequest, tools: list[dict]) -> list[dict] | None:
-    """tool_choice "required" or a named function: the answer must be a call to one of these."""
     choice = body.tool_choice
-    if not tools or choice in (None, "auto", "none"):
-        return None
-    if choice == "required":
-        return tools
-    chosen = [t for t in tools if t["name"] == choice.function.name]
-    if not chosen:
-        raise ApiError(400, f"tool_choice names {choice.function.name!r}, which is not among the tools", param="tool_choice")
-    return chosen
+    return Chat(
+        [_message(m, f"messages.{i}") for i, m in enumerate(body.messages)], body,
+        tools=[t.function.model_dump(exclude_none=True) for t in body.tools or []],
+        tool_choice=ToolChoice("named", choice.function.name) if isinstance(choice, NamedToolChoice)
+        else ToolChoice(choice or "auto"),
+        parallel=body.parallel_tool_calls is not False,
+        thinking=thinking_of(body.reasoning_effort, body.chat_template_kwargs),
+        template_kwargs=body.chat_template_kwargs)
 
 
-def _message_dict(m) -> dict:
-    """A message as the chat template reads it (tool-call arguments as objects, as templates expect)."""
-    d: dict = {"role": m.role, "content": m.text()}
-    if m.name:
-        d["name"] = m.name
-    if m.tool_call_id:
-        d["tool_call_id"] = m.tool_call_id
-    if m.reasoning_content:
-        d["reasoning_content"] = m.reasoning_content
+def _parts(content, where: str) -> list:
+    """A message's content as text and image parts (image_url: a data: URI, or a URL where allowed)."""
+    if content is None or isinstance(content, str):
+        return [content or ""]
+    out: list = []
+    for j, p in enumerate(content):
+        at = f"{where}.content.{j}"
+        kind = p.get("type") if isinstance(p, dict) else None
+        if kind == "text":
+            out.append(str(p.get("text", "")))
+        elif kind == "image_url":
+            url = p.get("image_url")
+            out.append(from_url(url.get("url") if isinstance(url, dict) else url, at))
+        else:
+            raise ApiError(400, f"{at}: content part type {kind!r} is not supported (text, image_url)", param=at)
+    return out
+
+
+def _message(m, where: str) -> Message:
+    """A message as the chat request holds it (tool-call arguments as objects, as templates expect)."""
+    calls = None
     if m.tool_calls:
         calls = []
         for c in m.tool_calls:
@@ -160,8 +146,8 @@ def _message_dict(m) -> dict:
                     raise ApiError(400, f"tool call {c.function.name!r}: arguments are not valid JSON",
                                    param="messages") from None
             calls.append({"id": c.id, "type": "function", "function": {"name": c.function.name, "arguments": args}})
-        d["tool_calls"] = calls
-    return d
+    return Message(m.role, _parts(m.content, where), name=m.name, tool_call_id=m.tool_call_id,
+                   reasoning=m.reasoning_content, tool_calls=calls)
 
 
 def _grammar(body: Sampling, service: Service) -> str | None:
@@ -211,8 +197,8 @@ def _call_ids(n: int) -> list[str]:
 
 async def _generate(request: Request, service: Service, settings: ServeSettings, metrics: Metrics, body: Sampling,
                     ids: list[int], kind: str, grammar: str | None = None, chat: ChatStream | None = None,
-                    echo: str = "", offset: int = 0, triggers: tuple[str, ...] = ()):
-    job = submit(service, settings, metrics, body, ids, grammar, triggers=triggers)
+                    echo: str = "", offset: int = 0, triggers: tuple[str, ...] = (), pictures: dict | None = None):
+    job = submit(service, settings, metrics, body, ids, grammar, triggers=triggers, pictures=pictures)
     created, rid = int(time.time()), ("chatcmpl-" if kind == "chat" else "cmpl-") + job.id
     answer = Answer(service, job, body.stops(), chat)
     head = {"id": rid, "object": "chat.completion" if kind == "chat" else "text_completion", "created": created,

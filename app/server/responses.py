@@ -32,11 +32,12 @@ from app.server.core import (
     Service,
     check_model,
     prompt_progress,
-    refuse_images,
     require_ready,
     submit,
 )
+from app.server.conversation import Chat, Message, ToolChoice
 from app.server.errors import ApiError
+from app.server.images import from_url
 from app.server.metrics import Metrics
 from app.server.scheduler import SHUTTING_DOWN, Progress
 from app.server.schemas import Sampling, StrictBody
@@ -44,7 +45,6 @@ from app.server.settings import ServeSettings
 from app.server.structured import response_format_grammar
 
 TEXT_PARTS = {"input_text", "output_text", "text", "summary_text"}
-IMAGE_PARTS = {"input_image", "input_file", "input_audio"}
 
 
 class TextFormat(StrictBody):
@@ -87,16 +87,13 @@ def add_responses_routes(app: FastAPI, settings: ServeSettings, service: Service
         sampling = Sampling(model=body.model, max_tokens=body.max_output_tokens, top_p=body.top_p, stream=body.stream,
                             return_progress=body.return_progress, **{k: body.temperature for k in ("temperature",) if k in body.model_fields_set})
         check_model(sampling, service, settings)
-        tools = _function_tools(body, service)
-        forced = _forced(body, tools)
+        chat = to_chat(body, sampling)
         text_grammar = _text_grammar(body, service)
-        if forced and text_grammar is not None:
+        if text_grammar is not None and chat.tool_choice.mode in ("required", "named") and chat.tools:
             raise ApiError(400, "text.format and a required tool call cannot be combined", param="text.format")
-        effort = (body.reasoning or {}).get("effort")
-        prompt = chat_prompt(service, _messages(body), tools, forced, thinking_of(effort if isinstance(effort, str) else None, None),
-                             parallel=body.parallel_tool_calls is not False)
+        prompt = await chat_prompt(service, settings, chat)
         grammar, triggers = (text_grammar, ()) if text_grammar is not None else (prompt.grammar, prompt.triggers)
-        job = submit(service, settings, metrics, sampling, prompt.ids, grammar, triggers=triggers)
+        job = submit(service, settings, metrics, sampling, prompt.ids, grammar, triggers=triggers, pictures=prompt.pictures)
         answer = Answer(service, job, [], prompt.stream(service))
         shell = _response(body, service, "resp_" + job.id, "in_progress", [], None)
         if body.stream:
@@ -109,27 +106,48 @@ def add_responses_routes(app: FastAPI, settings: ServeSettings, service: Service
 
 # -- request -----------------------------------------------------------------------------------
 
-def _part_text(content: Any, where: str) -> str:
+def to_chat(body: ResponsesRequest, sampling: Sampling) -> Chat:
+    """A Responses body as the one chat request: `instructions` first, the input items as messages
+    (consecutive function calls join the assistant message before them), function tools only."""
+    choice = body.tool_choice
+    named = isinstance(choice, dict) and choice.get("type") == "function"
+    effort = (body.reasoning or {}).get("effort")
+    return Chat(_messages(body), sampling,
+                tools=[{"name": t["name"], "description": t.get("description") or "",
+                        "parameters": t.get("parameters") or {"type": "object"}}
+                       for t in body.tools or [] if isinstance(t, dict) and t.get("type") == "function" and t.get("name")],
+                tool_choice=ToolChoice("named", choice.get("name")) if named
+                else ToolChoice(choice if choice in ("none", "required") else "auto"),
+                parallel=body.parallel_tool_calls is not False,
+                thinking=thinking_of(effort if isinstance(effort, str) else None, None))
+
+
+def _parts(content: Any, where: str) -> list:
+    """Text and image parts (input_image: a data: URI, or a URL where the server fetches them)."""
     if isinstance(content, str):
-        return content
+        return [content]
     if not isinstance(content, list):
         raise ApiError(400, f"{where}: content must be a string or a list of parts", param=where)
-    out = []
+    out: list = []
     for j, p in enumerate(content):
         kind = p.get("type") if isinstance(p, dict) else None
+        at = f"{where}.{j}"
         if kind in TEXT_PARTS:
             out.append(str(p.get("text", "")))
-        elif kind in IMAGE_PARTS:
-            raise refuse_images(f"{where}.{j}")
+        elif kind == "input_image":
+            if p.get("file_id") and not p.get("image_url"):
+                raise ApiError(400, f"{at}: this server keeps no files: send the image as image_url (a data: URI)",
+                               param=at)
+            out.append(from_url(p.get("image_url"), at))
         else:
-            raise ApiError(400, f"{where}.{j}: content part type {kind!r} is not supported", param=f"{where}.{j}")
-    return "".join(out)
+            raise ApiError(400, f"{at}: content part type {kind!r} is not supported", param=at)
+    return out
 
 
-def _messages(body: ResponsesRequest) -> list[dict]:
-    """`instructions` and the input items as the chat template's messages; consecutive function
-    calls join the assistant message before them."""
-    out: list[dict] = [{"role": "system", "content": body.instructions}] if body.instructions else []
+def _messages(body: ResponsesRequest) -> list[Message]:
+    """`instructions` and the input items as messages; consecutive function calls join the assistant
+    message before them."""
+    out: list[Message] = [Message("system", [body.instructions])] if body.instructions else []
     items = [{"type": "message", "role": "user", "content": body.input}] if isinstance(body.input, str) else body.input
     thought: list[str] = []  # reasoning items waiting for the assistant message they belong to
     for i, item in enumerate(items):
@@ -141,26 +159,25 @@ def _messages(body: ResponsesRequest) -> list[dict]:
             role = item.get("role")
             if role not in ("user", "system", "developer", "assistant"):
                 raise ApiError(400, f"{where}: unknown role {role!r}", param=f"{where}.role")
-            out.append({"role": "system" if role == "developer" else role,
-                        "content": _part_text(item.get("content", ""), f"{where}.content")})
+            out.append(Message("system" if role == "developer" else role,
+                               _parts(item.get("content", ""), f"{where}.content")))
             if role == "assistant" and thought:
-                out[-1]["reasoning_content"], thought = "\n".join(thought), []
+                out[-1].reasoning, thought = "\n".join(thought), []
         elif kind == "function_call":
             try:
                 args = json.loads(item.get("arguments") or "{}")
             except (json.JSONDecodeError, TypeError):
                 raise ApiError(400, f"{where}: arguments are not valid JSON", param=f"{where}.arguments") from None
             call = {"id": item.get("call_id"), "type": "function", "function": {"name": item.get("name"), "arguments": args}}
-            if out and out[-1]["role"] == "assistant" and not thought:
-                out[-1].setdefault("tool_calls", []).append(call)
+            if out and out[-1].role == "assistant" and not thought:
+                out[-1].tool_calls = (out[-1].tool_calls or []) + [call]
             else:
-                out.append({"role": "assistant", "content": "", "tool_calls": [call]})
+                out.append(Message("assistant", [""], tool_calls=[call]))
                 if thought:
-                    out[-1]["reasoning_content"], thought = "\n".join(thought), []
+                    out[-1].reasoning, thought = "\n".join(thought), []
         elif kind == "function_call_output":
             output = item.get("output", "")
-            out.append({"role": "tool", "tool_call_id": item.get("call_id"),
-                        "content": output if isinstance(output, str) else _part_text(output, f"{where}.output")})
+            out.append(Message("tool", _parts(output, f"{where}.output"), tool_call_id=item.get("call_id")))
         elif kind == "reasoning":
             parts = (item.get("content") or []) + ([] if item.get("content") else item.get("summary") or [])
             text = "".join(str(p.get("text", "")) for p in parts if isinstance(p, dict))
@@ -171,31 +188,6 @@ def _messages(body: ResponsesRequest) -> list[dict]:
         else:
             raise ApiError(400, f"{where}: input item type {kind!r} is not supported", param=f"{where}.type")
     return out
-
-
-def _function_tools(body: ResponsesRequest, service: Service) -> list[dict]:
-    """Function tools as the template's function definitions; other tool types are skipped."""
-    if body.tool_choice == "none":
-        return []
-    tools = [{"name": t["name"], "description": t.get("description") or "",
-              "parameters": t.get("parameters") or {"type": "object"}}
-             for t in body.tools or [] if isinstance(t, dict) and t.get("type") == "function" and t.get("name")]
-    if tools and not service.supports_tools:
-        raise ApiError(400, "this model's chat template has no tool support: send the request without `tools`", param="tools")
-    return tools
-
-
-def _forced(body: ResponsesRequest, tools: list[dict]) -> list[dict] | None:
-    """tool_choice "required" (one of the tools) or a named function: the answer is a call, by grammar."""
-    choice = body.tool_choice
-    if tools and choice == "required":
-        return tools
-    if tools and isinstance(choice, dict) and choice.get("type") == "function":
-        forced = [t for t in tools if t["name"] == choice.get("name")]
-        if not forced:
-            raise ApiError(400, f"tool_choice names {choice.get('name')!r}, which is not among the tools", param="tool_choice")
-        return forced
-    return None
 
 
 def _text_grammar(body: ResponsesRequest, service: Service) -> str | None:

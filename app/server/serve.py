@@ -11,6 +11,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import uvicorn
 
@@ -58,6 +59,7 @@ def attach(service: Service, loaded: Loaded, settings: ServeSettings, on_done) -
 
     service.scheduler = Scheduler(loaded.engine, settings.max_queue, on_step=service.stats.step, on_done=done)
     service.tokenizer = loaded.tokenizer
+    service.vision = loaded.vision
     service.use_chat(chat_spec(loaded.tokenizer, settings.reasoning_format))
     service.thinking_default = False if settings.reasoning_budget == 0 else None
     service.n_ctx = loaded.target.n_ctx
@@ -224,7 +226,7 @@ def local_url(settings: ServeSettings) -> str:
 
 def serve(settings: ServeSettings, plan: Plan, target: ModelInfo, draft: ModelInfo | None, threads: int,
           model_id: str, embedder: ModelInfo | None = None, start: Start | None = None,
-          chat_template: str | None = None) -> int:
+          chat_template: str | None = None, mmproj: Path | None = None) -> int:
     """Serve until stopped. Raises StartFailed if it never became good (the caller may fall back);
     returns 0 after a clean stop, also one during start-up (a stop is not a failed start)."""
     start = start or Start()

@@ -36,7 +36,12 @@ class ServeSettings(BaseSettings):
     shutdown_grace: float = Field(2.0, ge=0, description="seconds generation in flight may go on after SIGTERM")
     start_timeout: float = Field(900.0, gt=0, description="seconds a start may take to load and pass its smoke request "
                                                           "before it counts as failed (with --fallback the last good revision then starts)")
-    max_body_bytes: int = Field(8 * 2**20, ge=1024, description="largest request body accepted (413 beyond)")
+    max_body_bytes: int = Field(32 * 2**20, ge=1024, description="largest request body accepted (413 beyond)")
+    max_image_bytes: int = Field(16 * 2**20, ge=1024, description="largest image accepted in a request, bytes "
+                                 "(encoded; a larger one is a 413 naming its part)")
+    max_image_pixels: int = Field(50_000_000, ge=1, description="largest image accepted, width x height pixels")
+    allow_image_urls: bool = Field(False, description="fetch images named by http(s) URL (with the image size limit "
+                                   "and a 10 s time limit); off: only data: URIs and base64")
     draft_max: DraftMax = None  # the plan's input (app/plan/planner.py: one definition)
     threads: int | None = Field(None, ge=1, le=1024, description="CPU threads (default: the physical cores)")
     speculative: bool = Field(True, description="speculation on by default (requests can turn it off)",

@@ -124,17 +124,18 @@ class LiveServer:
     """A real uvicorn server in a thread, over a real engine."""
 
     def __init__(self, target, draft, settings: ServeSettings, parallel=2, ctx=1024, embedding=None,
-                 chat_template: str | None = None):
+                 chat_template: str | None = None, mmproj=None):
         t, d = read_model_info(target), read_model_info(draft) if draft else None
         e = read_model_info(embedding) if embedding else None
         self.plan = make_plan(t, d, PlanRequest(ctx=ctx, ctx_is_user_choice=True, parallel=parallel, draft_max=4), detect(),
                               ctx, e)
-        self.loaded = load(self.plan, t, d, 1, adaptive=True, chat_template=chat_template)
+        self.loaded = load(self.plan, t, d, 1, adaptive=True, chat_template=chat_template, mmproj=mmproj)
         self.service = build_service(self.plan, t, d, "tiny")
         if e is not None:
             self.service.embedder = Embedder(e, self.plan.embedding, 1)
         self.app = create_app(settings, self.service)
         attach(self.service, self.loaded, settings, self.app.state.count)
+        self.settings = settings  # the running server's own (a test may change a setting the routes read)
         self.port = settings.port
         self.server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning"))
         self.thread = threading.Thread(target=self.server.run, daemon=True)

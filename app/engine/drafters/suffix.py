@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from app.engine import kv
+from app.llama import media
 from app.engine.drafters.base import Draft, DrafterBase
 from app.engine.sampling import SamplingParams
 
@@ -119,7 +120,7 @@ class SuffixIndex:
             return
         table = self.tables.setdefault(doc.partition, {})
         old = len(doc)
-        doc.text.extend(tokens)
+        doc.text.extend(media.folded(tokens))  # an image's positions as one sentinel: it fits int32
         t, cut, base = doc.text, doc.cut, doc.id * DOC
         for end in range(max(old, doc.start, cut + KEY, KEY), len(doc)):  # key t[end-3:end] -> t[end]
             i = end - cut
@@ -178,7 +179,7 @@ class SuffixIndex:
         if not occ:
             return Match([])
         cands = []  # (depth, continuation)
-        tail = array("i", history[max(0, n - MAX_DEPTH):])  # what a match is measured against, from its end
+        tail = array("i", media.folded(history[max(0, n - MAX_DEPTH):]))  # what a match is measured against, from its end
         for p in reversed(occ[-MAX_CANDIDATES:]):
             doc = self.docs.get(p // DOC)
             off = p % DOC
