@@ -106,3 +106,53 @@ def test_speculation_after_an_image_keeps_the_greedy_answer(seeing, tiny):
     steps = list(eng.generate(req))
     assert [t for s in steps for t in s.tokens] == want
     assert sum(s.drafted for s in steps) > 0
+
+
+def _mtmd_sizes(model: Model, path: Path) -> tuple[float, float]:
+    """(weights, compute buffer) in MiB as libmtmd logs them when it loads the projector."""
+    import re
+
+    from app.llama.backend import capture_llama_log
+
+    with capture_llama_log() as lines:
+        Projector(path, model, 1).close()
+    text = "".join(lines)
+    weights = float(re.search(r"model size:\s+([\d.]+) MiB", text).group(1))
+    compute = float(re.findall(r"compute buffer size =\s+([\d.]+) MiB", text)[-1])
+    return weights, compute
+
+
+@pytest.mark.parametrize("shape", [dict(width=64, n_ff=128, image_size=64), dict(width=128, n_ff=512, image_size=64),
+                                   dict(width=256, n_ff=1024, n_layer=4, n_head=8, image_size=128),
+                                   dict(width=128, n_ff=256, image_size=224, patch_size=14)])
+def test_the_plans_projector_rows_match_what_mtmd_allocates(seeing, tmp_path, shape):
+    from app.gguf.projector import read_projector
+
+    model, _ = seeing
+    path = write_mmproj(tmp_path / "p.gguf", model.n_embd_inp, **shape)
+    info = read_projector(path)
+    weights, compute = _mtmd_sizes(model, path)
+    assert info.weights_bytes / 2**20 == pytest.approx(weights, abs=0.01)
+    assert compute <= info.compute_bytes / 2**20 <= 1.45 * compute  # an upper bound (app/gguf/projector.py)
+    assert info.tokens_per_image == (shape["image_size"] // shape.get("patch_size", 8)) ** 2
+
+
+def test_the_plan_counts_the_projector_and_says_what_images_cost(seeing, tmp_path, tiny):
+    from app.gguf.info import read_model_info
+    from app.gguf.projector import fits, read_projector
+    from app.plan.hardware import detect
+    from app.plan.planner import PlanRequest, make_plan
+
+    model, _ = seeing
+    info = read_projector(write_mmproj(tmp_path / "p.gguf", model.n_embd_inp, image_size=64))
+    target = read_model_info(tiny.target)
+    req = PlanRequest(ctx=1024, ctx_is_user_choice=True, parallel=1)
+    plain = make_plan(target, None, req, detect(), 1024)
+    seen = make_plan(target, None, req, detect(), 1024, projector=info)
+    rows = {t.name: t.bytes for t in seen.terms}
+    assert rows["vision projector weights"] == info.weights_bytes and rows["vision projector compute"] == info.compute_bytes
+    assert seen.used - plain.used == info.weights_bytes + info.compute_bytes
+    assert (seen.vision.tokens_per_image, seen.vision.images_per_request, seen.vision.largest_image) == (64, 16, 64)
+    assert fits(info, target.n_embd) is None
+    other = read_projector(write_mmproj(tmp_path / "q.gguf", model.n_embd_inp * 2))
+    assert "a projector made for another model" in fits(other, target.n_embd)

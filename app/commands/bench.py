@@ -45,6 +45,7 @@ from app.commands.common import (
     make_selection,
     out,
     plan_request_of,
+    projector,
     template_file,
     threads,
 )
@@ -80,8 +81,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
         target_path = f32_standin(target_path, fetcher.paths.store, fetcher.records, threads(args.threads, hw), say=console.print)
     target = read_model_info(target_path)
     draft = read_model_info(local_path(fetcher, sel.draft)) if sel.draft else None
+    vision = projector(fetcher, sel, need=True)
     plan = make_plan(target, draft, plan_request_of(ctx=args.ctx, ctx_is_user_choice=True, parallel=1, draft_max=16), hw, args.ctx,
-                     mtp=sel.mtp)
+                     mtp=sel.mtp, projector=vision)
     # the adaptive modes verify up to ADAPTIVE_N_MAX drafted tokens: the target's logits rows for them
     plan.target = plan.target.with_rows(ADAPTIVE_N_MAX + 1)
     n_threads = threads(args.threads, hw)
@@ -98,7 +100,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
                              plan.target.flash_attn)
                if server else contextlib.nullcontext(None))
     with servers as up:
-        loaded = load(plan, target, draft, n_threads, chat_template=template)
+        loaded = load(plan, target, draft, n_threads, chat_template=template, mmproj=vision.path if vision else None)
         try:
             log(f"bench: {sel.name}, {n_threads} threads, {max_tokens} tokens per prompt, {args.repeats} repeats"
                 + (f", the agent workload ({len(prompts)} turns, two sessions interleaved; every mode starts from an "

@@ -19,7 +19,8 @@ from app.commands.common import (
     out,  # noqa: E402
     template_file,
 )
-from app.errors import PairError
+from app.errors import GGUFError, PairError
+from app.gguf.projector import fits, read_projector
 from app.gguf.info import ModelInfo, read_model_info
 from app.gguf.pairing import (
     Incompatibility,
@@ -201,12 +202,13 @@ def cmd_check(args: argparse.Namespace) -> int:
     target = local_path(fetcher, sel.target)
     draft = local_path(fetcher, sel.draft) if sel.draft else None
     result = check_pair(target, draft, probe=not args.no_probe, mtp=sel.mtp)
+    vision = projector_check(local_path(fetcher, sel.mmproj), result.target.info) if sel.mmproj else None
     template = chat_template(template_file(args), sel)
     if template is not None:  # the template served in place of the target's own
         info = result.target.info
         result = replace(result, target=replace(result.target, info=replace(info, vocab=replace(info.vocab, chat_template=template))))
     if args.json:
-        out.print_json(json.dumps(result_json(result)))
+        out.print_json(json.dumps({**result_json(result), "mmproj": vision}))
     else:
         out.print(render_models(result))
         for w in result.warnings:
@@ -214,6 +216,9 @@ def cmd_check(args: argparse.Namespace) -> int:
         note = (summary(result.target)["chat_format"] or {}).get("note")
         if note:
             out.print(f"[yellow]chat format:[/] {note}", soft_wrap=True)  # one line, however narrow the terminal
+        if vision is not None:
+            out.print(f"[green]vision projector fits[/]: {vision['summary']}" if vision["fits"]
+                      else f"[red]vision projector does not fit:[/] {vision['reason']}", soft_wrap=True)
         mtp = result.target.info.n_nextn
         if mtp:
             out.print(f"MTP head: {mtp} layer(s)" + ("" if sel.mtp else " (it drafts with --draft mtp)"))
@@ -229,4 +234,20 @@ def cmd_check(args: argparse.Namespace) -> int:
             bad = result.incompatibility
             assert bad is not None
             out.print(f"[red]incompatible[/] (rule {bad.rule}): {bad.message}")
-    return 0 if result.compatible and (result.target.info.n_nextn or not sel.mtp) else 2
+    ok = result.compatible and (result.target.info.n_nextn or not sel.mtp) and (vision is None or vision["fits"])
+    return 0 if ok else 2
+
+
+def projector_check(path: Path, target: ModelInfo) -> dict[str, Any]:
+    """Whether the projector fits the target: its type and output width against the target's
+    embedding width (what libmtmd itself refuses at load)."""
+    try:
+        p = read_projector(path)
+    except GGUFError as e:
+        return {"path": str(path), "fits": False, "reason": e.message}
+    why = fits(p, target.n_embd)
+    return {"path": str(path), "fits": why is None, "reason": why, "projector_type": p.projector_type,
+            "n_embd_out": p.n_embd_out, "target_n_embd": target.n_embd, "tokens_per_image": p.tokens_per_image,
+            "image_size": p.image_size, "weights_bytes": p.weights_bytes,
+            "summary": f"{p.projector_type} projector, rows of width {p.n_embd_out} = the target's; "
+                       f"{p.tokens_per_image} tokens an image at {p.image_size}x{p.image_size}"}

@@ -12,6 +12,7 @@ from app.errors import DownloadError, SpecdeckError
 from app.gguf.info import ModelInfo, read_model_info
 from app.models.catalog import Catalog, load_catalog
 from app.models.fetch import Fetched, Fetcher
+from app.gguf.projector import ProjectorInfo, read_projector
 from app.models.refs import ModelRef, Selection, select, with_mmproj
 from app.plan.hardware import default_preset_reason, detect
 from app.plan.planner import PlanRequest
@@ -72,6 +73,21 @@ def model_info(fetcher: Fetcher, ref: ModelRef) -> ModelInfo:
     if how != "on disk":
         console.print(f"[dim]{ref.spec.name}: not pulled yet; planned from its {how}[/]", soft_wrap=True)
     return info
+
+
+def projector(fetcher: Fetcher, sel: Selection, need: bool = False) -> ProjectorInfo | None:
+    """The selection's vision projector header (None without one). One not on disk: an error where
+    it is needed (serving it), else None with a line saying the plan leaves it out."""
+    if sel.mmproj is None:
+        return None
+    try:
+        return read_projector(local_path(fetcher, sel.mmproj))
+    except DownloadError:
+        if need:
+            raise
+        console.print(f"[yellow]warning:[/] the vision projector {sel.mmproj.label} is not on disk: this plan leaves it "
+                      "out (`specdeck pull` fetches it; --no-mmproj serves text only)", soft_wrap=True)
+        return None
 
 
 def config_path(args: argparse.Namespace) -> Path:

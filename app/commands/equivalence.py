@@ -23,6 +23,7 @@ from app.commands.common import (
     make_selection,
     out,
     plan_request_of,
+    projector,
     template_file,
 )
 from app.engine.engine import Engine, Request, SpecParams
@@ -147,6 +148,11 @@ def load_prompts(path: Path | None) -> list[dict]:
                                               or _token_ids(item.get("tokens"))):
             raise SpecdeckError(f'{path}:{n}: each line needs "prompt" (a string), "messages" (a list) or "tokens" '
                                 "(a list of token ids, not empty)")
+        images = item.get("images")
+        if images is not None:
+            if not isinstance(images, list) or not all(isinstance(f, str) for f in images):
+                raise SpecdeckError(f'{path}:{n}: "images" is a list of image files')
+            item["images"] = [str(path.parent / f) for f in images]  # relative to the prompts file
         out.append(item)
     if not out:
         raise SpecdeckError(f"{path}: no prompts")
@@ -170,7 +176,29 @@ def prompt_tokens(tok: Tokenizer, item: dict) -> list[int]:
     return tok.encode(item["prompt"])
 
 
-def single_vs_batch_delta(engine: Engine, sequence: list[int], p: int, prompt_len: int) -> float | None:
+def prompt_with_images(engine: Engine, tok: Tokenizer, item: dict) -> tuple[list[int], dict]:
+    """A prompt line's ids and its images by key: the images (files, read as the server reads them)
+    go before the prompt's text, through the target's projector."""
+    if not item.get("images"):
+        return prompt_tokens(tok, item), {}
+    from app.server.errors import ApiError
+    from app.server.images import ImageLimits, decode
+
+    if "prompt" not in item or engine.vision is None:
+        raise SpecdeckError('images go with a "prompt" line, on a target served with --mmproj')
+    limits = ImageLimits(2**31, 2**31)
+    try:
+        pics = [decode(Path(f).read_bytes(), f, limits) for f in item["images"]]
+    except OSError as e:
+        raise SpecdeckError(f"cannot read an image: {e}") from None
+    except ApiError as e:
+        raise SpecdeckError(e.message) from None
+    ids = engine.vision.tokenize(engine.vision.marker * len(pics) + item["prompt"], pics, add_special=tok.add_bos)
+    return ids, {p.key: p for p in pics}
+
+
+def single_vs_batch_delta(engine: Engine, sequence: list[int], p: int, prompt_len: int,
+                          pictures: dict | None = None) -> float | None:
     """At position p: the largest logit difference between the two ways the runs compute it. Plain
     decoding evaluates the prompt in one batch, then one token at a time; speculation evaluates the
     tokens after the prompt in verify batches (here: of 4, position p-1 the first row of its batch).
@@ -186,7 +214,8 @@ def single_vs_batch_delta(engine: Engine, sequence: list[int], p: int, prompt_le
     # a verify batch of 4 rows, whatever the served plan capped its decodes' logits rows at
     ctx = Context(target.model, target.params.with_rows(4), 2)
     try:
-        kv.evaluate(ctx, 0, sequence[:start], 0, logits_last=False)
+        kv.evaluate(ctx, 0, sequence[:start], 0, logits_last=False,
+                    images=engine.images_of(Request(prompt=sequence, pictures=pictures or {})))
         b = ctx.batch
         for pos in range(start, p):  # plain: one token at a time
             b.clear()
@@ -215,8 +244,8 @@ def _run(engine: Engine, req: Request) -> tuple[list[int], list, float]:
 
 
 def check_equivalence(engine: Engine, tok: Tokenizer, item: dict, max_tokens: int, n_max: int) -> PromptResult:
-    ids = prompt_tokens(tok, item)
-    base = dict(prompt=ids, max_tokens=max_tokens, stop_tokens=tok.stop_tokens, trace=True)
+    ids, pictures = prompt_with_images(engine, tok, item)
+    base = dict(prompt=ids, pictures=pictures, max_tokens=max_tokens, stop_tokens=tok.stop_tokens, trace=True)
     plain, plain_steps, t_plain = _run(engine, Request(**base, speculative=SpecParams(enabled=False)))
     spec, spec_steps, t_spec = _run(engine, Request(**base, speculative=SpecParams(n_max=n_max)))
     rec = engine.slots[0].record
@@ -226,7 +255,7 @@ def check_equivalence(engine: Engine, tok: Tokenizer, item: dict, max_tokens: in
     if div is None and len(plain) != len(spec):
         div = min(len(plain), len(spec))
     gap = gaps[div] if div is not None and div < len(gaps) else None
-    delta = single_vs_batch_delta(engine, ids + plain, len(ids) + div, len(ids)) if div is not None else None
+    delta = single_vs_batch_delta(engine, ids + plain, len(ids) + div, len(ids), pictures) if div is not None else None
     bound = 2 * delta if delta is not None else GAP_TOLERANCE
     explained = div is None or (gap is not None and gap <= max(bound, 1e-6))
     if div is None:
@@ -335,10 +364,14 @@ def cmd_verify(args: argparse.Namespace) -> int:
     fetcher = make_fetcher(offline=True)
     target = read_model_info(local_path(fetcher, sel.target))
     draft = read_model_info(local_path(fetcher, sel.draft)) if sel.draft else None
+    vision = projector(fetcher, sel, need=True)
+    if any(item.get("images") for item in prompts) and vision is None:
+        raise SpecdeckError("the prompts have images: name the target's vision projector with --mmproj")
     hw = detect()
     req = plan_request_of(ctx=args.ctx, ctx_is_user_choice=True, parallel=1, draft_max=args.draft_max)
-    plan = make_plan(target, draft, req, hw, args.ctx, mtp=sel.mtp)
-    loaded = load(plan, target, draft, hw.cpu_count, chat_template=chat_template(template_file(args), sel))
+    plan = make_plan(target, draft, req, hw, args.ctx, mtp=sel.mtp, projector=vision)
+    loaded = load(plan, target, draft, hw.cpu_count, chat_template=chat_template(template_file(args), sel),
+                  mmproj=vision.path if vision is not None else None)
     report = EquivalenceReport()
     try:
         for item in prompts:

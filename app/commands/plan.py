@@ -12,6 +12,7 @@ from app.commands.common import (
     model_info,
     out,  # noqa: E402
     plan_request,
+    projector,
 )
 from app.plan.hardware import detect
 from app.plan.planner import make_plan
@@ -25,7 +26,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     target = model_info(fetcher, sel.target)
     draft = model_info(fetcher, sel.draft) if sel.draft else None
     req = plan_request(args)
-    plan = make_plan(target, draft, req, detect(), sel.context, mtp=sel.mtp)
+    plan = make_plan(target, draft, req, detect(), sel.context, mtp=sel.mtp, projector=projector(fetcher, sel))
     if args.json:
         out.print_json(json.dumps(plan.to_json()))
     else:

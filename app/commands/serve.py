@@ -18,9 +18,12 @@ from app.commands.common import (
     make_fetcher,
     make_selection,
     plan_request,
+    projector,
     threads,
 )
+from app.errors import SpecdeckError
 from app.gguf.info import ModelInfo, read_model_info
+from app.gguf.projector import fits
 from app.models.refs import resolve_ref
 from app.plan.hardware import Hardware, detect
 from app.plan.planner import Plan, make_plan
@@ -73,13 +76,16 @@ def resolve(args: argparse.Namespace, settings: ServeSettings, quiet: bool = Fal
         require_compatible(target, draft)
     embedder = embedding_model(args, catalog, fetcher, sel)
     hw = detect()
+    vision = projector(fetcher, sel, need=True)
+    if vision is not None and (why := fits(vision, target.n_embd)):
+        raise SpecdeckError(f"--mmproj: {why}", hint="name the projector made for this model, or serve with --no-mmproj")
     plan = make_plan(target, draft, plan_request(args, draft_max=settings.draft_max), hw, sel.context, embedder,
-                     mtp=sel.mtp and settings.speculative)
+                     mtp=sel.mtp and settings.speculative, projector=vision)
     if not quiet:
         for w in plan.warnings:
             console.print(f"[yellow]warning:[/] {w}")
-    mmproj = local_path(fetcher, sel.mmproj) if sel.mmproj is not None else None
-    return Resolved(sel.name, target, draft, embedder, plan, hw, chat_template(settings.chat_template_file, sel), mmproj)
+    return Resolved(sel.name, target, draft, embedder, plan, hw, chat_template(settings.chat_template_file, sel),
+                    vision.path if vision is not None else None)
 
 
 def serve_once(args: argparse.Namespace, settings: ServeSettings, start) -> int:

@@ -35,6 +35,7 @@ from app.engine.embed import Embedder
 from app.engine.loader import Loaded
 from app.errors import PairError, SpecdeckError
 from app.gguf.info import ModelInfo, read_model_info
+from app.gguf.projector import fits, read_projector
 from app.models.refs import Selection, resolve_ref
 from app.plan.hardware import Hardware, detect
 from app.plan.planner import Plan, make_plan, require_mtp_head
@@ -147,7 +148,11 @@ def prepare(args: argparse.Namespace, settings: ServeSettings, steps: Steps) -> 
         draft = read_model_info(got["draft"].path) if "draft" in got else None
         req = plan_request(args, draft_max=settings.draft_max)
         embedder = read_model_info(got["embedding"].path) if "embedding" in got else None
-        plan = make_plan(target, draft, req, hw, sel.context, embedder, mtp=sel.mtp and settings.speculative)
+        vision = read_projector(got["mmproj"].path) if "mmproj" in got else None
+        if vision is not None and (why := fits(vision, target.n_embd)):
+            raise SpecdeckError(f"--mmproj: {why}", hint="name the projector made for this model, or --no-mmproj")
+        plan = make_plan(target, draft, req, hw, sel.context, embedder, mtp=sel.mtp and settings.speculative,
+                         projector=vision)
         steps.console.print(render_plan(plan, sel.name))
         r["done"] = f"context {plan.ctx:,}, {plan.parallel} slot(s), {plan.used / 2**30:.2f} of {plan.budget / 2**30:.2f} GiB"
     return Prepared(sel.name, plan, target, draft, hw, embedder,

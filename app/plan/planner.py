@@ -18,6 +18,7 @@ from pydantic import BaseModel, Field, model_validator
 
 from app.errors import SpecdeckError
 from app.gguf.info import ModelInfo
+from app.gguf.projector import ProjectorInfo
 from app.llama.params import ModelParams
 from app.plan import terms as M
 from app.plan.hardware import Hardware
@@ -103,6 +104,7 @@ class Plan:
     checkpoint_bytes: tuple[int, int] = (0, 0)
     checkpoint_min_step: int = CHECKPOINT_MIN_STEP
     mtp: ModelParams | None = None  # the target's MTP head's context (--draft mtp), made from the target's model
+    vision: VisionFacts | None = None  # what images cost in context, where a projector is served
 
     @property
     def used(self) -> int:
@@ -135,11 +137,38 @@ class Plan:
             "draft": asdict(self.draft) if self.draft else None,
             "mtp": asdict(self.mtp) if self.mtp else None,
             "embedding": asdict(self.embedding) if self.embedding else None,
+            "vision": asdict(self.vision) if self.vision else None,
             "checkpoints": {"per_slot": self.checkpoints, "bytes": {"target": self.checkpoint_bytes[0],
                                                                     "draft": self.checkpoint_bytes[1]},
                             "min_step": self.checkpoint_min_step},
             "warnings": self.warnings,
         }
+
+
+@dataclass(frozen=True)
+class VisionFacts:
+    """What images cost in this plan's context: tokens an image at the projector's size, how many
+    such images one request's context holds, and the side of the largest image it holds."""
+
+    tokens_per_image: int
+    image_size: int
+    images_per_request: int
+    largest_image: int
+
+
+def vision_facts(projector: ProjectorInfo, ctx: int) -> VisionFacts:
+    """A request may use the whole context (the slots share one KV pool)."""
+    return VisionFacts(projector.tokens_per_image, projector.image_size, ctx // projector.tokens_per_image,
+                       projector.largest_image(ctx))
+
+
+def vision_terms(projector: ProjectorInfo) -> list[Term]:
+    """The projector's weights and the compute buffer libmtmd reserves for one image (on the card
+    where the target is, as llama-server offloads it)."""
+    return [Term("vision projector weights", projector.weights_bytes, "device",
+                 f"{projector.path.name}: {projector.projector_type}, {projector.n_layer} layers"),
+            Term("vision projector compute", projector.compute_bytes, "device",
+                 f"one image at {projector.image_size}x{projector.image_size}: {projector.patches:,} patches")]
 
 
 @dataclass(frozen=True)
@@ -189,7 +218,8 @@ def embedding_shape(info: ModelInfo) -> M.ContextShape:
 
 def evaluate(target: ModelInfo, draft: ModelInfo | None, c: Candidate, device: Device, budget: int,
              budget_source: str, reserve: int, margin: int, host_available: int, ctx_wanted: int,
-             buffers: tuple[str, ...] = ("CPU_REPACK",), embedder: ModelInfo | None = None, mtp: bool = False) -> Plan:
+             buffers: tuple[str, ...] = ("CPU_REPACK",), embedder: ModelInfo | None = None, mtp: bool = False,
+             projector: ProjectorInfo | None = None) -> Plan:
     """The full budget for one candidate: every term, and whether it fits. `mtp`: the target's MTP
     head drafts (no draft model)."""
     t_ngl = target.n_layers + 1 if c.n_gpu_layers is None else c.n_gpu_layers
@@ -214,6 +244,8 @@ def evaluate(target: ModelInfo, draft: ModelInfo | None, c: Candidate, device: D
         terms += [t for t in model_terms("embedding", embedder, e_cs, e_ngl, device, buffers) if t.bytes]
         e_params = ModelParams(e_cs.n_ctx, e_cs.n_batch, e_cs.n_ubatch, 1, True, "f16", "f16", True, False, 0, e_ngl,
                                embeddings=True)
+    if projector is not None:
+        terms += vision_terms(projector)
     if device == "cuda" and c.n_gpu_layers is not None and c.n_gpu_layers <= target.n_layers:
         terms += extra_copies("target", target, t_ngl, buffers, "host", "CPU layers")
     ck = (M.checkpoint_bytes(target, t_cs), M.checkpoint_bytes(draft, d_cs) if draft is not None else 0)
@@ -228,7 +260,8 @@ def evaluate(target: ModelInfo, draft: ModelInfo | None, c: Candidate, device: D
                            n_outputs_max=t_cs.n_outputs_max)
     plan = Plan(device, budget, budget_source, terms, False, c.ctx, ctx_wanted, c.parallel, c.draft_max,
                 t_params, d_params, host_available, embedding=e_params, checkpoints=c.checkpoints if sum(ck) else 0,
-                checkpoint_bytes=ck if c.checkpoints else (0, 0), mtp=m_params)
+                checkpoint_bytes=ck if c.checkpoints else (0, 0), mtp=m_params,
+                vision=vision_facts(projector, c.ctx) if projector is not None else None)
     plan.fits = plan.used <= budget and (device == "cpu" or plan.host_used <= host_available)
     return plan
 
@@ -300,9 +333,10 @@ def _budget(req: PlanRequest, hw: Hardware) -> tuple[Device, int, str, int, int]
 
 
 def make_plan(target: ModelInfo, draft: ModelInfo | None, req: PlanRequest, hw: Hardware, preset_ctx: int | None,
-              embedder: ModelInfo | None = None, mtp: bool = False) -> Plan:
+              embedder: ModelInfo | None = None, mtp: bool = False, projector: ProjectorInfo | None = None) -> Plan:
     """The best plan that fits, or a PlanError that says the largest context that does and what to
-    change. `mtp`: the target's own MTP head drafts (--draft mtp)."""
+    change. `mtp`: the target's own MTP head drafts (--draft mtp). `projector`: the target's vision
+    projector (its weights and compute buffer planned, and what images cost in context)."""
     if mtp:
         require_mtp_head(target)
     device, budget, source, reserve, margin = _budget(req, hw)
@@ -321,7 +355,7 @@ def make_plan(target: ModelInfo, draft: ModelInfo | None, req: PlanRequest, hw: 
             if not usable(tk, tv, fa):
                 continue
             p = evaluate(target, draft, Candidate(ctx, tk, tv, par, ub, dm, ngl, fa, req.ctx_checkpoints), device, budget, source,
-                         reserve, margin, req.ram or hw.ram_available, ctx_wanted, hw.cpu_buffers, embedder, mtp)
+                         reserve, margin, req.ram or hw.ram_available, ctx_wanted, hw.cpu_buffers, embedder, mtp, projector)
             if p.fits:
                 p.checkpoint_min_step = req.checkpoint_min_step
                 return p
@@ -346,7 +380,7 @@ def make_plan(target: ModelInfo, draft: ModelInfo | None, req: PlanRequest, hw: 
     worst = evaluate(target, draft, Candidate(ctx_wanted, *usable_kv[-1], parallel[-1], ubatch[-1], dmax[-1], ngl,
                                               compact_fa, req.ctx_checkpoints),
                      device, budget, source, reserve, margin, req.ram or hw.ram_available, ctx_wanted, hw.cpu_buffers,
-                     embedder, mtp)
+                     embedder, mtp, projector)
     short = worst.used - budget
     what = (f"the largest context that fits is {largest:,} tokens (--ctx {largest})" if largest >= 256
             else "even the weights do not fit")

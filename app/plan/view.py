@@ -49,6 +49,11 @@ def render_plan(plan: Plan, title: str) -> Group:
                f"KV pool, up to {plan.draft_max} drafted tokens per step"
                + (" (the target's MTP head drafts)" if plan.mtp else ""))
     parts.append(Text(summary))
+    if plan.vision is not None:
+        v = plan.vision
+        parts.append(Text(f"images: {v.tokens_per_image:,} tokens each at {v.image_size}x{v.image_size}; "
+                          f"{v.images_per_request:,} such images fill the context; the largest image it holds: "
+                          f"{v.largest_image}x{v.largest_image}"))
     for w in plan.warnings:
         parts.append(Text.from_markup(f"[yellow]warning:[/] {w}"))
     return Group(*parts)

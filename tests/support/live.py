@@ -18,6 +18,7 @@ from app.engine.embed import Embedder
 from app.engine.loader import load
 from app.gguf.info import read_model_info
 from app.plan.hardware import detect
+from app.gguf.projector import read_projector
 from app.plan.planner import PlanRequest, make_plan
 from app.server.app import create_app
 from app.server.serve import attach, build_service
@@ -128,7 +129,7 @@ class LiveServer:
         t, d = read_model_info(target), read_model_info(draft) if draft else None
         e = read_model_info(embedding) if embedding else None
         self.plan = make_plan(t, d, PlanRequest(ctx=ctx, ctx_is_user_choice=True, parallel=parallel, draft_max=4), detect(),
-                              ctx, e)
+                              ctx, e, projector=read_projector(mmproj) if mmproj else None)
         self.loaded = load(self.plan, t, d, 1, adaptive=True, chat_template=chat_template, mmproj=mmproj)
         self.service = build_service(self.plan, t, d, "tiny")
         if e is not None:
