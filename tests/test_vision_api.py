@@ -187,3 +187,31 @@ def test_image_urls_are_fetched_only_when_allowed_within_the_limits(seeing, tmp_
     finally:
         seeing.settings.allow_image_urls = False
         files.shutdown()
+
+
+def test_check_and_verify_take_the_projector_and_serve_refuses_one_made_for_another_model(tmp_path):
+    import json
+
+    from conftest import run_cli
+
+    target = write_tiny_model(tmp_path / "t.gguf", seed=0, chat_template=TEMPLATE)
+    draft = write_tiny_model(tmp_path / "d.gguf", seed=1, n_layers=1, chat_template=TEMPLATE)
+    model = Model(target)
+    good = write_mmproj(tmp_path / "good.gguf", model.n_embd_inp)
+    bad = write_mmproj(tmp_path / "bad.gguf", model.n_embd_inp * 2)
+    model.close()
+    ok = run_cli("check", "--target", str(target), "--mmproj", str(good), "--no-probe")
+    assert ok.returncode == 0 and "vision projector fits" in ok.stdout and "16 tokens an image" in ok.stdout, ok.stdout
+    no = run_cli("check", "--target", str(target), "--mmproj", str(bad), "--no-probe")
+    assert no.returncode == 2 and "a projector made for another model" in no.stdout
+    (tmp_path / "shot.png").write_bytes(encoded(9))
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"prompt": "what is on the screen", "images": ["shot.png", "shot.png"], "kind": "image"}) + "\n")
+    v = run_cli("verify", "--target", str(target), "--draft", str(draft), "--mmproj", str(good), "--prompts", str(prompts),
+                "--max-tokens", "24", "--ctx", "512", "--json")
+    assert v.returncode == 0, v.stderr
+    r = json.loads(v.stdout)["prompts"][0]
+    assert r["identical"] and r["invariant_violations"] == 0 and r["prompt_tokens"] > 2 * PER_IMAGE
+    s = run_cli("serve", "--target", str(target), "--draft", str(draft), "--mmproj", str(bad), "--port", str(free_port()),
+                "--ctx", "512")
+    assert s.returncode != 0 and "a projector made for another model" in s.stderr and "Traceback" not in s.stderr, s.stderr

@@ -22,7 +22,8 @@ from app.gguf.projector import ProjectorInfo
 from app.llama.params import ModelParams
 from app.plan import terms as M
 from app.plan.hardware import Hardware
-from app.plan.rows import Device, Term, extra_copies, model_terms, mtp_shape, mtp_terms
+from app.plan.rows import (Device, Term, VisionFacts, extra_copies, model_terms, mtp_shape, mtp_terms, vision_facts,
+                           vision_terms)
 
 MiB, GiB = M.MiB, M.GiB
 MIN_CTX = 4096
@@ -143,32 +144,6 @@ class Plan:
                             "min_step": self.checkpoint_min_step},
             "warnings": self.warnings,
         }
-
-
-@dataclass(frozen=True)
-class VisionFacts:
-    """What images cost in this plan's context: tokens an image at the projector's size, how many
-    such images one request's context holds, and the side of the largest image it holds."""
-
-    tokens_per_image: int
-    image_size: int
-    images_per_request: int
-    largest_image: int
-
-
-def vision_facts(projector: ProjectorInfo, ctx: int) -> VisionFacts:
-    """A request may use the whole context (the slots share one KV pool)."""
-    return VisionFacts(projector.tokens_per_image, projector.image_size, ctx // projector.tokens_per_image,
-                       projector.largest_image(ctx))
-
-
-def vision_terms(projector: ProjectorInfo) -> list[Term]:
-    """The projector's weights and the compute buffer libmtmd reserves for one image (on the card
-    where the target is, as llama-server offloads it)."""
-    return [Term("vision projector weights", projector.weights_bytes, "device",
-                 f"{projector.path.name}: {projector.projector_type}, {projector.n_layer} layers"),
-            Term("vision projector compute", projector.compute_bytes, "device",
-                 f"one image at {projector.image_size}x{projector.image_size}: {projector.patches:,} patches")]
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from app.gguf.info import ModelInfo
+from app.gguf.projector import ProjectorInfo
 from app.plan import terms as M
 
 Device = Literal["cuda", "cpu"]  # the one definition: the planner imports it
@@ -79,3 +80,29 @@ def mtp_terms(info: ModelInfo, cs: M.ContextShape, device: Device) -> list[Term]
             Term("MTP output buffer", M.output_bytes(info, mtp_cs), where, f"1 logits row x {cs.n_seq} slots"),
             Term("target hidden-state output buffer", 4 * info.n_embd * cs.n_batch, where,
                  f"{cs.n_batch} rows of {info.n_embd} floats")]
+
+
+@dataclass(frozen=True)
+class VisionFacts:
+    """What images cost in this plan's context: tokens an image at the projector's size, how many
+    such images one request's context holds, and the side of the largest image it holds."""
+
+    tokens_per_image: int
+    image_size: int
+    images_per_request: int
+    largest_image: int
+
+
+def vision_facts(projector: ProjectorInfo, ctx: int) -> VisionFacts:
+    """A request may use the whole context (the slots share one KV pool)."""
+    return VisionFacts(projector.tokens_per_image, projector.image_size, ctx // projector.tokens_per_image,
+                       projector.largest_image(ctx))
+
+
+def vision_terms(projector: ProjectorInfo) -> list[Term]:
+    """The projector's weights and the compute buffer libmtmd reserves for one image (on the card
+    where the target is, as llama-server offloads it)."""
+    return [Term("vision projector weights", projector.weights_bytes, "device",
+                 f"{projector.path.name}: {projector.projector_type}, {projector.n_layer} layers"),
+            Term("vision projector compute", projector.compute_bytes, "device",
+                 f"one image at {projector.image_size}x{projector.image_size}: {projector.patches:,} patches")]

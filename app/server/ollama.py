@@ -312,18 +312,15 @@ async def _generate_tokens(service: Service, settings: ServeSettings, body: Gene
                            sampling: Sampling) -> tuple[list[int], ChatStream | None, dict]:
     """The prompt's ids, the chat format's parser when the prompt went through the template, and the
     images by key (each before the prompt's text, as one user message)."""
-    tok = service.tokenizer
-    chat = None
-    limits = image_limits(settings)
+    tok, chat, pics = service.tokenizer, None, {}
     images = [from_base64(img, f"images.{i}") for i, img in enumerate(body.images or [])]
-    pics: dict = {}
-    if images and body.suffix is not None:
-        raise ApiError(400, "images cannot go with suffix (fill-in-the-middle)", param="images")
     if body.suffix is not None:
+        if images:
+            raise ApiError(400, "images cannot go with suffix (fill-in-the-middle)", param="images")
         ids = fim_tokens(tok, body.prompt, body.suffix, [])
     elif body.raw or not tok.chat_template:
         if images:  # the raw prompt after the images' markers
-            got = await pictures(Chat([Message("user", images)], sampling), limits, service.vision is not None)
+            got = await pictures(Chat([Message("user", images)], sampling), image_limits(settings), service.vision is not None)
             text = service.vision.marker * len(got) + body.prompt
             ids = service.vision.tokenize(text, got, add_special=tok.add_bos and not body.context)
             pics = {p.key: p for p in got}
@@ -348,7 +345,7 @@ async def _generate_tokens(service: Service, settings: ServeSettings, body: Gene
 
 def _message(m: OllamaMessage, where: str) -> Message:
     """An Ollama message: its images (base64) before its text."""
-    images = [from_base64(img, f"{where}.images.{i}") for i, img in enumerate(m.images or [])]
+    images = [from_base64(img, f"{where}.images.{i}") for i, img in enumerate(m.images or [])]  # checked once it is known to see
     calls = [{"type": "function", "function": {"name": c.function.name, "arguments": c.function.arguments}}
              for c in m.tool_calls] if m.tool_calls else None
     return Message(m.role, [*images, m.content], name=m.tool_name, reasoning=m.thinking, tool_calls=calls)
