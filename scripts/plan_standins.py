@@ -18,7 +18,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from rich.console import Console  # noqa: E402
 
 from app.gguf.info import read_model_info  # noqa: E402
-from app.gguf.synthetic import ASSUMED, SHAPES, write_sparse  # noqa: E402
+from app.gguf.projector import read_projector  # noqa: E402
+from app.gguf.synthetic import ASSUMED, SHAPES, write_mmproj_header, write_sparse  # noqa: E402
 from app.plan.hardware import detect  # noqa: E402
 from app.plan.planner import PlanRequest, make_plan  # noqa: E402
 from app.plan.view import render_plan  # noqa: E402
@@ -36,6 +37,8 @@ def main() -> int:
     ap.add_argument("--vram", default="24GiB")
     ap.add_argument("--ctx", type=int, default=110_000)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--mmproj", action="store_true", help="with each preset's vision projector (header stand-ins of "
+                    "their published shapes); the preset's context shrinks where 110K no longer fits")
     args = ap.parse_args()
     console = Console(width=110)
     out = {}
@@ -43,8 +46,14 @@ def main() -> int:
         for preset, (t, dr) in PRESETS.items():
             models = (t,) if dr == "mtp" else (t, dr)
             infos = [read_model_info(write_sparse(Path(d) / f"{n}.gguf", SHAPES[n], TRUE_SIZES[n])) for n in models]
-            req = PlanRequest(vram=parse_size(args.vram), ctx=args.ctx, ctx_is_user_choice=True)
-            plan = make_plan(infos[0], infos[1] if len(infos) > 1 else None, req, detect(), args.ctx, mtp=dr == "mtp")
+            vision = None
+            if args.mmproj:
+                which = "gemma3-27b" if t.startswith("gemma") else "qwen3.6-27b"
+                vision = read_projector(write_mmproj_header(Path(d) / f"{which}-mmproj.gguf", which))
+            req = PlanRequest(vram=parse_size(args.vram), ctx=None if args.mmproj else args.ctx,
+                              ctx_is_user_choice=not args.mmproj)
+            plan = make_plan(infos[0], infos[1] if len(infos) > 1 else None, req, detect(), args.ctx, mtp=dr == "mtp",
+                             projector=vision)
             out[preset] = plan.to_json()
             if not args.json:
                 console.print(render_plan(plan, preset))

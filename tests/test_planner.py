@@ -113,6 +113,26 @@ def test_27b_presets_fit_24gib_at_110k(infos, target, draft):
     assert plan.target.kv_unified and plan.draft.n_ctx == plan.target.n_ctx
 
 
+@pytest.mark.parametrize("target, draft", PAIRS + [("qwen3.6-27b-mtp", "mtp")])
+def test_27b_presets_with_their_projector_still_fit_24gib_at_110k(infos, tmp_path, target, draft):
+    """The vision projectors (header stand-ins of their published shapes) cost ~1 GB: the presets'
+    110K still fits, the plan choosing a q8_0 KV cache, and it says what an image costs there."""
+    from app.gguf.projector import read_projector
+    from app.gguf.synthetic import write_mmproj_header
+
+    which = "gemma3-27b" if target.startswith("gemma") else "qwen3.6-27b"
+    vision = read_projector(write_mmproj_header(tmp_path / "mmproj.gguf", which))
+    req = PlanRequest(vram=24 * GiB)
+    plan = make_plan(infos[target], None if draft == "mtp" else infos[draft], req, NO_GPU, 110_000, mtp=draft == "mtp",
+                     projector=vision)
+    assert plan.fits and plan.ctx == 110_000 and plan.used <= plan.budget
+    rows = {t.name: t.bytes for t in plan.terms}
+    assert rows["vision projector weights"] == vision.weights_bytes > 800 * 2**20
+    assert rows["vision projector compute"] == vision.compute_bytes
+    assert plan.vision.tokens_per_image == (256 if which == "gemma3-27b" else 576)
+    assert plan.vision.images_per_request == 110_000 // plan.vision.tokens_per_image
+
+
 def test_the_mtp_preset_fits_24gib_at_110k_and_counts_its_head(infos):
     """Qwen3.6-27B drafting with its own MTP head: the nextn block's weights, its context's cache and
     buffers, and the target's hidden states are counted, and no draft model; the same file planned

@@ -156,3 +156,32 @@ def test_the_plan_counts_the_projector_and_says_what_images_cost(seeing, tmp_pat
     assert fits(info, target.n_embd) is None
     other = read_projector(write_mmproj(tmp_path / "q.gguf", model.n_embd_inp * 2))
     assert "a projector made for another model" in fits(other, target.n_embd)
+
+
+def test_a_resent_conversation_with_an_image_on_a_hybrid_model_goes_back_to_a_checkpoint(tmp_path):
+    """A hybrid (recurrent) target cannot cut its state back: a turn that departs from the cached one
+    near its end goes back to a context checkpoint, never one inside an image, and answers as a cold
+    engine does."""
+    from app.engine.checkpoints import TAIL, Checkpoints
+    from app.gguf.synthetic import SHAPES, small, write_random
+
+    model = Model(write_random(tmp_path / "h.gguf", small(SHAPES["qwen3.6-27b"]), seed=3))
+    proj = Projector(write_mmproj(tmp_path / "mm.gguf", model.n_embd_inp), model, 1)
+    rng = np.random.default_rng(8)
+    words = lambda n: [int(t) for t in rng.integers(10, 4000, n)]  # noqa: E731
+    pic = picture(21)
+    image = proj.tokenize(proj.marker, [pic], add_special=False)
+    head = words(150) + image + words(300)
+    first, second = head + [5, 6, 7], head + words(40)  # the second departs TAIL tokens before the first's end
+    p = ModelParams(2048, 64, 64, 1, True, "f16", "f16", False, False, 4, 0)
+    ckpts = Checkpoints(Context(model, p, 1), 8, 160)  # every 160 tokens: the first would fall inside the image
+    eng = Engine(ckpts.ctx, None, 1, checkpoints=ckpts, vision=proj)
+    req = lambda ids: Request(prompt=ids, pictures={pic.key: pic}, max_tokens=8, speculative=SpecParams(enabled=False))  # noqa: E731
+    list(eng.generate(req(first)))
+    answer = [t for s in eng.generate(req(second)) for t in s.tokens]
+    assert ckpts.restored >= 1 and eng.slots[0].record.reused_tokens == len(first) - TAIL
+    starts = {c.n for c in ckpts.of(0)}
+    assert 150 + len(image) in starts and not any(150 < n < 150 + len(image) for n in starts)  # moved past the image
+    cold = Engine(Context(model, p, 1), None, 1, vision=proj)
+    assert [t for s in cold.generate(req(second)) for t in s.tokens] == answer
+    proj.close()
