@@ -291,7 +291,21 @@ class Context:
         self.close()
 
 
-class RowBatch:
+class _RawBatch:
+    """A llama_batch this object owns: its length, and freed once."""
+
+    raw: llama_cpp.llama_batch | None
+
+    def __len__(self) -> int:
+        return int(self.raw.n_tokens)
+
+    def close(self) -> None:
+        if getattr(self, "raw", None) is not None:
+            llama_cpp.llama_batch_free(self.raw)
+            self.raw = None
+
+
+class RowBatch(_RawBatch):
     """One decode's llama_batch of embedding rows (no token ids) at consecutive positions of one
     sequence. `token(i)` is None: what follows a decode reads a row's token only where it has one."""
 
@@ -314,16 +328,8 @@ class RowBatch:
     def token(self, i: int) -> int | None:
         return None
 
-    def __len__(self) -> int:
-        return int(self.raw.n_tokens)
 
-    def close(self) -> None:
-        if getattr(self, "raw", None) is not None:
-            llama_cpp.llama_batch_free(self.raw)
-            self.raw = None
-
-
-class Batch:
+class Batch(_RawBatch):
     """A reusable llama_batch: fill it with (token, position, sequence, wants-logits) rows."""
 
     def __init__(self, capacity: int, n_seq_max: int) -> None:
@@ -351,12 +357,4 @@ class Batch:
 
     def token(self, i: int) -> int | None:
         return int(self.raw.token[i])
-
-    def __len__(self) -> int:
-        return int(self.raw.n_tokens)
-
-    def close(self) -> None:
-        if getattr(self, "raw", None) is not None:
-            llama_cpp.llama_batch_free(self.raw)
-            self.raw = None
 
