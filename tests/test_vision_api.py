@@ -253,3 +253,49 @@ def test_fuzzed_image_parts_get_an_answer_or_a_4xx_and_nothing_breaks(seeing):
 
     one()
     assert chat(seeing.url, oai_content(encoded(12))).status_code == 200
+
+
+def test_pull_fetches_and_verifies_a_presets_projector_from_the_hub(tmp_path):
+    """A preset naming a projector: `pull` fetches it from the hub with the model and checks its
+    SHA-256 (the same fetcher as every model file); `--no-mmproj` leaves it out."""
+    import hashlib
+
+    from conftest import run_cli
+    from support.fakehub import FakeHub
+
+    target = write_tiny_model(tmp_path / "t.gguf", seed=0, chat_template=TEMPLATE)
+    model = Model(target)
+    mmproj = write_mmproj(tmp_path / "mm.gguf", model.n_embd_inp)
+    model.close()
+    sha = hashlib.sha256(mmproj.read_bytes()).hexdigest()
+    catalog = tmp_path / "models.toml"
+    catalog.write_text(f"""default_gpu_preset = "seeing"
+default_cpu_preset = "seeing"
+[models.t]
+repo = "acme/t-GGUF"
+file = "t.gguf"
+[models.v]
+repo = "acme/t-GGUF"
+file = "mmproj-F16.gguf"
+sha256 = "{sha}"
+[presets.seeing]
+description = "a tiny model that sees"
+target = "t"
+mmproj = "v"
+context = 512
+hardware = "cpu"
+""")
+    hub = FakeHub()
+    url = hub.start()
+    try:
+        hub.add("acme/t-GGUF", "t.gguf", target.read_bytes())
+        hub.add("acme/t-GGUF", "mmproj-F16.gguf", mmproj.read_bytes())
+        env = {"HF_ENDPOINT": url}
+        p = run_cli("--models", str(catalog), "pull", "seeing", env=env)
+        assert p.returncode == 0 and "ok mmproj v" in p.stdout and sha in p.stdout, p.stdout + p.stderr
+        text = run_cli("--models", str(catalog), "pull", "seeing", "--no-mmproj", env=env)
+        assert text.returncode == 0 and "mmproj" not in text.stdout
+        c = run_cli("--models", str(catalog), "check", "seeing", "--no-probe", env=env)
+        assert c.returncode == 0 and "vision projector fits" in c.stdout, c.stdout + c.stderr
+    finally:
+        hub.stop()
