@@ -442,3 +442,22 @@ def test_a_revision_recorded_before_typed_records_still_loads_and_rolls_back(tin
         p.send_signal(signal.SIGTERM)
         out, _ = p.communicate(timeout=60)
     assert p.returncode == 0 and "Traceback" not in out, out
+
+
+def test_a_revision_records_the_start_typed_and_starts_it_again_as_named(tmp_path):
+    """The flags become one typed start request at the command's edge; a revision records it (the
+    projector choice included) and starts the same request again, with no argparse in between."""
+    from app.cli import build_parser
+    from app.commands.revision import StartRecord
+    from app.commands.start_request import StartRequest
+    from app.server.settings import ServeSettings
+
+    args = build_parser().parse_args(["serve", "coder-1.5b", "--mmproj", "v.gguf", "--ctx", "4096", "--parallel", "2"])
+    req = StartRequest.of(args, ServeSettings())
+    assert (req.chosen.name, req.chosen.mmproj, req.plan) == ("coder-1.5b", "v.gguf", {"ctx": 4096, "parallel": 2})
+    again = StartRecord.load(StartRecord.of(req, "serve").model_dump(mode="json"), "serve").request(ServeSettings(), None)
+    assert again.chosen == req.chosen and again.plan == req.plan
+    planned = again.plan_request()
+    assert (planned.ctx, planned.parallel, planned.ctx_is_user_choice) == (4096, 2, True)
+    off = StartRequest.of(build_parser().parse_args(["up", "--no-mmproj", "--interval", "2"]), ServeSettings())
+    assert off.chosen.no_mmproj and off.up.interval == 2.0

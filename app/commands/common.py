@@ -12,6 +12,7 @@ from app.errors import DownloadError, SpecdeckError
 from app.gguf.info import ModelInfo, read_model_info
 from app.models.catalog import Catalog, load_catalog
 from app.models.fetch import Fetched, Fetcher
+from app.commands.start_request import Chosen, plan_request_of
 from app.gguf.projector import ProjectorInfo, read_projector
 from app.models.refs import ModelRef, Selection, select, with_mmproj
 from app.plan.hardware import default_preset_reason, detect
@@ -24,7 +25,12 @@ out = Console(highlight=False)
 
 
 def catalog_from_args(args: argparse.Namespace) -> Catalog:
-    return load_catalog(Path(args.models) if args.models else None)
+    return catalog_of(args.models)
+
+
+def catalog_of(models: str | None) -> Catalog:
+    """The catalogue: --models FILE, else the default places (see load_catalog)."""
+    return load_catalog(Path(models) if models else None)
 
 
 def default_preset(catalog: Catalog) -> str:
@@ -35,8 +41,14 @@ def default_preset(catalog: Catalog) -> str:
 
 
 def make_selection(args: argparse.Namespace, catalog: Catalog) -> Selection:
-    sel = select(catalog, args.name, args.target, args.draft, lambda: default_preset(catalog))
-    return with_mmproj(sel, getattr(args, "mmproj", None), getattr(args, "no_mmproj", False), catalog)
+    return selection_of(Chosen.of(args), catalog)
+
+
+def selection_of(chosen: Chosen, catalog: Catalog) -> Selection:
+    """What a start serves (a Chosen: as the user named it), resolved against the catalogue: the one
+    place model names become files."""
+    sel = select(catalog, chosen.name, chosen.target, chosen.draft, lambda: default_preset(catalog))
+    return with_mmproj(sel, chosen.mmproj, chosen.no_mmproj, catalog)
 
 
 def make_fetcher(offline: bool, verify: bool = False) -> Fetcher:
@@ -145,15 +157,3 @@ def plan_request(args: argparse.Namespace, **more) -> PlanRequest:
     K and V), plus what the command adds."""
     values = {**given(args, PlanRequest), **{k: v for k, v in more.items() if v is not None}}
     return plan_request_of(**values, ctx_is_user_choice=values.get("ctx") is not None)
-
-
-def plan_request_of(**values) -> PlanRequest:
-    """A PlanRequest, or one line naming the setting that is out of bounds (--parallel 0, --draft-max 99)."""
-    from pydantic import ValidationError
-
-    try:
-        return PlanRequest(**values)
-    except ValidationError as e:
-        first = e.errors()[0]
-        raise SpecdeckError(f"bad setting {'.'.join(map(str, first['loc']))}: {first['msg']}") from None
-

@@ -25,20 +25,19 @@ from typing import Literal
 from app.build.isa import CpuIsa, build_sets, unsupported
 from app.build.smoke import SmokeResult
 from app.commands.common import (
-    catalog_from_args,
+    catalog_of,
     config_path,
     make_fetcher,
-    make_selection,
     out,
-    plan_request,
+    selection_of,
     serve_settings,
 )
+from app.commands.start_request import StartRequest
 from app.errors import SpecdeckError
 from app.gguf.info import ModelInfo
 from app.models.fetch import Fetcher
 from app.plan.hardware import Driver, Gpu, Hardware, detect
 from app.plan.planner import Plan
-from app.server.settings import ServeSettings
 
 Status = Literal["ok", "warn", "fail"]
 MARKS = {"ok": "✓", "warn": "!", "fail": "✗"}
@@ -406,12 +405,12 @@ def run_all(subject: Subject, hw: Hardware) -> list[Check]:
     return sorted(checks, key=lambda c: ORDER.index(c.name) if c.name in ORDER else len(ORDER))
 
 
-def doctor_subject(args: argparse.Namespace, settings: ServeSettings, fetcher: Fetcher) -> Subject:
-    """What the checks look at, from a command's flags and settings (doctor's and up's)."""
-    catalog = catalog_from_args(args)
-    config = config_path(args)
-    return Subject(make_selection(args, catalog), fetcher, settings.host, settings.port, bool(settings.api_key or settings.api_key_file),
-                   settings.api_key_file, config, bool(args.config), plan_request(args))
+def doctor_subject(req: StartRequest, fetcher: Fetcher) -> Subject:
+    """What the checks look at, from a start request (doctor's and up's)."""
+    settings = req.settings
+    return Subject(selection_of(req.chosen, catalog_of(req.chosen.models)), fetcher, settings.host, settings.port,
+                   bool(settings.api_key or settings.api_key_file), settings.api_key_file, req.config, req.config_given,
+                   req.plan_request())
 
 
 # -- the command -------------------------------------------------------------------------------
@@ -422,7 +421,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         settings = serve_settings(args, check=False)
     except SpecdeckError:  # a config file that does not parse has its own check; bad flags still stop here
         settings = serve_settings(args, check=False, use_config=False)
-    subject = doctor_subject(args, settings, make_fetcher(args.offline))
+    subject = doctor_subject(StartRequest.of(args, settings, config=config_path(args)), make_fetcher(args.offline))
     checks = run_all(subject, detect())
     bad = failed(checks)
     if args.json:

@@ -20,37 +20,18 @@ from pydantic import BaseModel
 from rich.markup import escape
 from rich.table import Table
 
-from app.commands.common import alert_settings, console, out, serve_settings
+from app.commands.common import alert_settings, config_path, console, out, serve_settings
 from app.commands.serve import model_record, serve_once, server_logging
+from app.commands.start_request import Chosen, StartRequest, UpOptions, fixed_plan
 from app.commands.up import up_once
 from app.errors import SpecdeckError
 from app.ops.alerts import AlertSettings
 from app.ops.revisions import Revision, RevisionStore
-from app.plan.planner import PlanRequest
 from app.server import sdnotify
 from app.server.settings import ServeSettings
-from app.settings import given, paths
+from app.settings import paths
 
 RECORD_VERSION = 2
-
-
-class Chosen(BaseModel):
-    """What a start serves, as the user named it (resolved against the catalogue at each start)."""
-
-    name: str | None = None
-    target: str | None = None
-    draft: str | None = None
-    embedding_model: str | None = None
-    models: str | None = None  # the catalogue file (--models)
-
-
-class UpOptions(BaseModel):
-    """`up`'s own options (its dashboard, and whether it re-hashes or stays offline)."""
-
-    offline: bool = False
-    verify: bool = False
-    interval: float = 1.0
-    log_interval: float = 10.0
 
 
 class StartRecord(BaseModel):
@@ -64,11 +45,8 @@ class StartRecord(BaseModel):
     up: UpOptions | None = None
 
     @classmethod
-    def of(cls, args: argparse.Namespace, command: str) -> StartRecord:
-        asked = given(args, PlanRequest)
-        plan = PlanRequest(**asked).model_dump(mode="json", include=set(asked) - {"ctx_is_user_choice"})
-        return cls(chosen=Chosen(**{k: getattr(args, k, None) for k in Chosen.model_fields}), plan=plan,
-                   up=UpOptions(**{k: getattr(args, k) for k in UpOptions.model_fields}) if command == "up" else None)
+    def of(cls, req: StartRequest, command: str) -> StartRecord:
+        return cls(chosen=req.chosen, plan=req.plan, up=req.up if command == "up" else None)
 
     @classmethod
     def load(cls, data: dict, command: str) -> StartRecord:
@@ -76,14 +54,13 @@ class StartRecord(BaseModel):
             return cls(**data)
         if "version" in data:
             raise SpecdeckError(f"a revision record of version {data['version']} (this specdeck reads {RECORD_VERSION})")
-        return cls.of(argparse.Namespace(**{**UpOptions().model_dump(), **data}), command)
+        old = argparse.Namespace(**{**UpOptions().model_dump(), **data})
+        return cls(chosen=Chosen.of(old), plan=fixed_plan(old), up=UpOptions.of(old) if command == "up" else None)
 
-    def namespace(self, settings: ServeSettings) -> argparse.Namespace:
-        """The command line this record starts again (what `serve_once` / `up_once` read)."""
-        values = {**{k: None for k in PlanRequest.model_fields}, **PlanRequest(**self.plan).model_dump(include=set(self.plan)),
-                  **self.chosen.model_dump(), **(self.up or UpOptions()).model_dump(),
-                  "config": None, "threads": settings.threads, "api_key_file": settings.api_key_file, "fallback": False}
-        return argparse.Namespace(**values)
+    def request(self, settings: ServeSettings, alerts: AlertSettings) -> StartRequest:
+        """The start this record makes again."""
+        return StartRequest(chosen=self.chosen, plan=self.plan, up=self.up or UpOptions(), settings=settings,
+                            alerts=alerts)
 
 
 def store() -> RevisionStore:
@@ -111,8 +88,7 @@ def baseline_acceptance(name: str) -> float | None:
         return None
 
 
-def _start(rev: Revision, args: argparse.Namespace, settings: ServeSettings, alerts: AlertSettings,
-           failed: Revision | None = None, reason: str | None = None) -> int:
+def _start(rev: Revision, req: StartRequest, failed: Revision | None = None, reason: str | None = None) -> int:
     """Start revision `rev`; once healthy and smoked it is marked good and recorded as serving (with
     the failed revision it stands in for, if it is a fallback)."""
     from app.server.serve import Start
@@ -125,32 +101,33 @@ def _start(rev: Revision, args: argparse.Namespace, settings: ServeSettings, ale
         st.mark_good(rev, start.plan)
         st.set_current(rev, fallback_from=failed, reason=reason)
 
-    start = Start(alerts=alerts, baseline_acceptance=baseline_acceptance(rev.name), on_good=good, timeout=settings.start_timeout,
+    start = Start(alerts=req.alerts, baseline_acceptance=baseline_acceptance(rev.name), on_good=good,
+                  timeout=req.settings.start_timeout,
                   revision=rev.number, digests={role: m.get("sha256") for role, m in rev.models.items()},
                   status_line=status_line,
                   fallback={"from": failed.number, "reason": reason} if failed is not None else None)
-    return _runner(rev.command)(args, settings, start)
+    return _runner(rev.command)(req, start)
 
 
 def run_revisioned(args: argparse.Namespace, command: str) -> int:
     """`serve` / `up`: record this start's revision, start it, fall back to the last good one if it fails."""
     from app.server.serve import StartFailed
 
-    settings = serve_settings(args)
-    alerts = alert_settings(args)
+    req = StartRequest.of(args, serve_settings(args), alert_settings(args), config_path(args))
+    fallback = bool(getattr(args, "fallback", False))
     st = store()
-    name, models = model_record(args, settings)
-    record = StartRecord.of(args, command).model_dump(mode="json")
-    rev = st.record(command, record, settings_json(settings, alerts), models, name)
+    name, models = model_record(req.chosen, req.settings)
+    record = StartRecord.of(req, command).model_dump(mode="json")
+    rev = st.record(command, record, settings_json(req.settings, req.alerts), models, name)
     good_before = rev.good_at
     try:
-        return _start(rev, args, settings, alerts)
+        return _start(rev, req)
     except (StartFailed, SpecdeckError) as e:
         reason = e.message
         if rev.good_at != good_before:
             raise  # it became good (mark_good stamps `rev`), served, then stopped: not a failed start
         st.mark_failed(rev, reason)
-        if not getattr(args, "fallback", False):  # what the user named failed: say so, serve nothing else
+        if not fallback:  # what the user named failed: say so, serve nothing else
             raise
         good = st.last_good(exclude=rev.number, like=rev)
         if good is None:
@@ -163,7 +140,7 @@ def run_revisioned(args: argparse.Namespace, command: str) -> int:
     return start_revision(good, failed=rev, reason=reason)
 
 
-def _revision_settings(rev: Revision) -> tuple[argparse.Namespace, ServeSettings, AlertSettings]:
+def _revision_request(rev: Revision) -> StartRequest:
     """The revision's recorded start and settings; the API key comes from where it came then (the
     key file it names, else SPECDECK_API_KEY), never from the record."""
     serve = dict((rev.settings or {}).get("serve") or {})
@@ -181,14 +158,14 @@ def _revision_settings(rev: Revision) -> tuple[argparse.Namespace, ServeSettings
     if rev.settings.get("api_key_set") and not settings.keyring():
         raise SpecdeckError(f"revision {rev.number} was served with an API key; none is set now",
                             hint="set SPECDECK_API_KEY or keep the key file it names")
-    return record.namespace(settings), settings, alerts
+    return record.request(settings, alerts)
 
 
 def start_revision(rev: Revision, failed: Revision | None = None, reason: str | None = None) -> int:
-    args, settings, alerts = _revision_settings(rev)
+    req = _revision_request(rev)
     st = store()
     try:
-        return _start(rev, args, settings, alerts, failed, reason)
+        return _start(rev, req, failed, reason)
     except SpecdeckError as e:
         st.mark_failed(rev, e.message)
         raise SpecdeckError(f"revision {rev.number} failed too: {e.message}",
@@ -248,5 +225,4 @@ def cmd_rollback(args: argparse.Namespace) -> int:
                                 hint="see `specdeck config history`")
     server_logging()
     console.print(f"starting revision {rev.number}: {rev.summary()}", soft_wrap=True)
-    args_, settings, alerts = _revision_settings(rev)
-    return _start(rev, args_, settings, alerts)
+    return _start(rev, _revision_request(rev))

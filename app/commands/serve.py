@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import logging
 from dataclasses import dataclass
@@ -11,16 +10,16 @@ from pathlib import Path
 
 from app.commands.check import require_compatible
 from app.commands.common import (
-    catalog_from_args,
+    catalog_of,
     chat_template,
     console,
     local_path,
     make_fetcher,
-    make_selection,
-    plan_request,
     projector,
+    selection_of,
     threads,
 )
+from app.commands.start_request import Chosen, StartRequest
 from app.errors import SpecdeckError
 from app.gguf.info import ModelInfo, read_model_info
 from app.gguf.projector import fits
@@ -30,9 +29,9 @@ from app.plan.planner import Plan, make_plan
 from app.server.settings import ServeSettings
 
 
-def embedding_model(args: argparse.Namespace, catalog, fetcher, sel) -> ModelInfo | None:
+def embedding_model(chosen: Chosen, catalog, fetcher, sel) -> ModelInfo | None:
     """--embedding-model, else the preset's embedding model, else none (the embedding routes then say so)."""
-    ref = resolve_ref(args.embedding_model, catalog) if getattr(args, "embedding_model", None) else sel.embedding
+    ref = resolve_ref(chosen.embedding_model, catalog) if chosen.embedding_model else sel.embedding
     return read_model_info(local_path(fetcher, ref)) if ref is not None else None
 
 
@@ -65,21 +64,22 @@ class Resolved:
     mmproj: Path | None = None  # the target's vision projector
 
 
-def resolve(args: argparse.Namespace, settings: ServeSettings, quiet: bool = False) -> Resolved:
+def resolve(req: StartRequest, quiet: bool = False) -> Resolved:
     """The models on disk (read and paired), the hardware and the plan: what `serve` runs."""
-    catalog = catalog_from_args(args)
-    sel = make_selection(args, catalog)
+    settings = req.settings
+    catalog = catalog_of(req.chosen.models)
+    sel = selection_of(req.chosen, catalog)
     fetcher = make_fetcher(offline=True)
     target = read_model_info(local_path(fetcher, sel.target))
     draft = read_model_info(local_path(fetcher, sel.draft)) if sel.draft and settings.speculative else None
     if draft is not None:
         require_compatible(target, draft)
-    embedder = embedding_model(args, catalog, fetcher, sel)
+    embedder = embedding_model(req.chosen, catalog, fetcher, sel)
     hw = detect()
     vision = projector(fetcher, sel, need=True)
     if vision is not None and (why := fits(vision, target.n_embd)):
         raise SpecdeckError(f"--mmproj: {why}", hint="name the projector made for this model, or serve with --no-mmproj")
-    plan = make_plan(target, draft, plan_request(args, draft_max=settings.draft_max), hw, sel.context, embedder,
+    plan = make_plan(target, draft, req.plan_request(draft_max=settings.draft_max), hw, sel.context, embedder,
                      mtp=sel.mtp and settings.speculative, projector=vision)
     if not quiet:
         for w in plan.warnings:
@@ -88,11 +88,12 @@ def resolve(args: argparse.Namespace, settings: ServeSettings, quiet: bool = Fal
                     vision.path if vision is not None else None)
 
 
-def serve_once(args: argparse.Namespace, settings: ServeSettings, start) -> int:
+def serve_once(req: StartRequest, start) -> int:
     """One start of `serve` (raises on a failed start: the caller decides about falling back)."""
     from app.server.serve import serve
 
-    r = resolve(args, settings)
+    settings = req.settings
+    r = resolve(req)
     start.machine = machine_facts(r.hw)
     console.print(f"serving {r.name} on {settings.scheme}://{settings.host}:{settings.port} (context {r.plan.ctx:,}, "
                   f"{r.plan.parallel} slots, speculation {speculation_label(settings.speculative, r.draft, r.plan)}"
@@ -108,7 +109,7 @@ def speculation_label(speculative: bool, draft: ModelInfo | None, plan: Plan) ->
 
 
 @contextlib.contextmanager
-def local_server(args: argparse.Namespace, settings: ServeSettings):
+def local_server(req: StartRequest):
     """The selection served in this process on a free loopback port (for `validate` without --url);
     yields its URL once it has loaded and answers."""
     import socket
@@ -118,7 +119,8 @@ def local_server(args: argparse.Namespace, settings: ServeSettings):
     from app.server.app import create_app
     from app.server.serve import HttpThread, attach, build_service, shutdown
 
-    r = resolve(args, settings)
+    settings = req.settings
+    r = resolve(req)
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     settings = settings.model_copy(update={"host": "127.0.0.1", "port": sock.getsockname()[1]})
@@ -132,7 +134,7 @@ def local_server(args: argparse.Namespace, settings: ServeSettings):
                           chat_template=r.chat_template, mmproj=r.mmproj)
         service = build_service(r.plan, r.target, r.draft, r.name)
         service.machine = machine_facts(r.hw)
-        service.digests = {role: m.get("sha256") for role, m in model_record(args, settings)[1].items()}
+        service.digests = {role: m.get("sha256") for role, m in model_record(req.chosen, settings)[1].items()}
         app = create_app(settings, service)
         if r.embedder is not None and r.plan.embedding is not None:
             service.embedder = Embedder(r.embedder, r.plan.embedding, threads(settings.threads, r.hw))
@@ -150,20 +152,20 @@ def local_server(args: argparse.Namespace, settings: ServeSettings):
         sock.close()
 
 
-def model_record(args: argparse.Namespace, settings: ServeSettings) -> tuple[str, dict]:
+def model_record(chosen: Chosen, settings: ServeSettings) -> tuple[str, dict]:
     """The served name (the preset's, else "custom") and role -> {"ref", "path", "sha256"} for a revision, as far as the files can be found and hashed
     (a missing file is recorded as its reference: the start then fails and says why). A selection that
     does not parse (an unknown preset) raises: that is bad input, not a revision."""
     from app.models.integrity import VerifiedRecords, check_integrity
     from app.settings import paths
 
-    catalog = catalog_from_args(args)
-    sel = make_selection(args, catalog)
+    catalog = catalog_of(chosen.models)
+    sel = selection_of(chosen, catalog)
     refs = [("target", sel.target)] + ([("draft", sel.draft)] if sel.draft and settings.speculative else []) \
         + ([("mmproj", sel.mmproj)] if sel.mmproj else [])
-    if getattr(args, "embedding_model", None) or sel.embedding is not None:
+    if chosen.embedding_model or sel.embedding is not None:
         try:
-            refs.append(("embedding", resolve_ref(args.embedding_model, catalog) if args.embedding_model else sel.embedding))
+            refs.append(("embedding", resolve_ref(chosen.embedding_model, catalog) if chosen.embedding_model else sel.embedding))
         except Exception:  # noqa: BLE001 - recorded by name; serving it says what is wrong
             pass
     fetcher = make_fetcher(offline=True)

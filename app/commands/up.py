@@ -25,11 +25,13 @@ from rich.console import Console
 
 from app.commands.check import check_pair
 from app.commands.common import (
+    config_path,
     console,
     out,
     serve_settings,
     threads,
 )
+from app.commands.start_request import StartRequest
 from app.commands.dashboard import build_snapshot, loading_snapshot, watch
 from app.engine.embed import Embedder
 from app.engine.loader import Loaded
@@ -95,21 +97,21 @@ class Prepared:
     mmproj: Path | None = None  # the target's vision projector
 
 
-def prepare(args: argparse.Namespace, settings: ServeSettings, steps: Steps) -> Prepared:
+def prepare(req: StartRequest, steps: Steps) -> Prepared:
     """Hardware, pull, check, plan: the same functions `pull`, `check` and `plan` run."""
     from app.commands.common import (
-        catalog_from_args,
+        catalog_of,
         chat_template,
         make_fetcher,
-        plan_request,
         pull_one,
     )
     from app.commands.doctor import doctor_subject, failed, machine_checks
 
+    settings = req.settings
     with steps.step("detect hardware") as r:
         hw = detect()
         gpus = ", ".join(f"{g.name} {g.total / 2**30:.1f} GiB" for g in hw.gpus) or "no NVIDIA GPU"
-        subject = doctor_subject(args, settings, make_fetcher(args.offline, args.verify))
+        subject = doctor_subject(req, make_fetcher(req.up.offline, req.up.verify))
         sel: Selection = subject.selection
         fetcher = subject.fetcher
         checks = machine_checks(subject, hw, port=False)  # the port is already bound: ours
@@ -123,7 +125,8 @@ def prepare(args: argparse.Namespace, settings: ServeSettings, steps: Steps) -> 
                      f"doctor: {len(checks)} checks, none failed")
     with steps.step("pull and verify") as r:
         roles = [("target", sel.target)] + ([("draft", sel.draft)] if sel.draft and settings.speculative else [])
-        embedding = resolve_ref(args.embedding_model, catalog_from_args(args)) if getattr(args, "embedding_model", None) else sel.embedding
+        embedding = resolve_ref(req.chosen.embedding_model, catalog_of(req.chosen.models)) if req.chosen.embedding_model \
+            else sel.embedding
         roles += [("embedding", embedding)] if embedding is not None else []
         roles += [("mmproj", sel.mmproj)] if sel.mmproj is not None else []
         got = {role: pull_one(fetcher, ref) for role, ref in roles}
@@ -146,12 +149,12 @@ def prepare(args: argparse.Namespace, settings: ServeSettings, steps: Steps) -> 
     with steps.step("plan memory") as r:
         target = read_model_info(got["target"].path)
         draft = read_model_info(got["draft"].path) if "draft" in got else None
-        req = plan_request(args, draft_max=settings.draft_max)
+        planned = req.plan_request(draft_max=settings.draft_max)
         embedder = read_model_info(got["embedding"].path) if "embedding" in got else None
         vision = read_projector(got["mmproj"].path) if "mmproj" in got else None
         if vision is not None and (why := fits(vision, target.n_embd)):
             raise SpecdeckError(f"--mmproj: {why}", hint="name the projector made for this model, or --no-mmproj")
-        plan = make_plan(target, draft, req, hw, sel.context, embedder, mtp=sel.mtp and settings.speculative,
+        plan = make_plan(target, draft, planned, hw, sel.context, embedder, mtp=sel.mtp and settings.speculative,
                          projector=vision)
         steps.console.print(render_plan(plan, sel.name))
         r["done"] = f"context {plan.ctx:,}, {plan.parallel} slot(s), {plan.used / 2**30:.2f} of {plan.budget / 2**30:.2f} GiB"
@@ -244,8 +247,7 @@ class StopSignals:
             self.raising = True
 
 
-def up(args: argparse.Namespace, settings: ServeSettings, console: Console, out: Console,
-       start=None) -> int:
+def up(req: StartRequest, console: Console, out: Console, start=None) -> int:
     from app.commands.serve import machine_facts
     from app.ops.smoke import smoke_request
     from app.server.app import create_app
@@ -263,6 +265,7 @@ def up(args: argparse.Namespace, settings: ServeSettings, console: Console, out:
         watch_alerts,
     )
 
+    settings = req.settings
     start = start or Start()
     settings.check()
     sock = bind_socket(settings.host, settings.port)  # a busy port fails now, not after minutes of loading
@@ -275,7 +278,7 @@ def up(args: argparse.Namespace, settings: ServeSettings, console: Console, out:
     events = EventLog()
     try:
         with signals.installed():
-            prep = prepare(args, settings, steps)
+            prep = prepare(req, steps)
             start.plan = prep.plan.to_json()
             n_threads = threads(settings.threads, prep.hw)
             with signals.deferred():
@@ -318,7 +321,7 @@ def up(args: argparse.Namespace, settings: ServeSettings, console: Console, out:
                 return snap
 
             try:
-                watch(snapshot, out, args.interval, args.log_interval, stop)
+                watch(snapshot, out, req.up.interval, req.up.log_interval, stop)
             except KeyboardInterrupt:
                 pass
             console.print(f"stopping: finishing requests in flight ({settings.shutdown_grace:g} s at most), freeing the models")
@@ -424,12 +427,13 @@ def chat(loaded: Loaded, plan: Plan, speculative: bool, out: Console, max_tokens
                       f"{time.perf_counter() - t0:.1f} s[/]")
 
 
-def run(args: argparse.Namespace, settings: ServeSettings, console: Console, out: Console) -> int:
+def run(req: StartRequest, console: Console, out: Console) -> int:
+    settings = req.settings
     steps = Steps(console, STEPS[:-1])
-    prep = prepare(args, settings, steps)
+    prep = prepare(req, steps)
     loaded = load_and_warm(prep, threads(settings.threads, prep.hw), settings, steps)
     try:
-        return chat(loaded, prep.plan, settings.speculative, out, args.max_tokens)
+        return chat(loaded, prep.plan, settings.speculative, out, req.max_tokens)
     except KeyboardInterrupt:
         return 0
     finally:
@@ -438,11 +442,11 @@ def run(args: argparse.Namespace, settings: ServeSettings, console: Console, out
 
 # -- the command -------------------------------------------------------------------------------
 
-def up_once(args: argparse.Namespace, settings: ServeSettings, start) -> int:
+def up_once(req: StartRequest, start) -> int:
     """One start of `up` (raises on a failed start: the caller decides about falling back)."""
-    return up(args, settings, console, out, start=start)
+    return up(req, console, out, start=start)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
 
-    return run(args, serve_settings(args), console, out)
+    return run(StartRequest.of(args, serve_settings(args), config=config_path(args)), console, out)

@@ -15,7 +15,8 @@ from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from app.commands.common import console, out, serve_settings
+from app.commands.common import config_path, console, out, serve_settings
+from app.commands.start_request import StartRequest
 from app.errors import SpecdeckError
 from app.ops import baseline
 from app.ops.client import Client, wait_ready
@@ -44,9 +45,9 @@ def _server(args: argparse.Namespace):
         return
     from app.commands.serve import local_server
 
-    settings = serve_settings(args)
-    with local_server(args, settings) as url:
-        yield url, settings.keyring().any_secret()
+    req = StartRequest.of(args, serve_settings(args), config=config_path(args))
+    with local_server(req) as url:
+        yield url, req.settings.keyring().any_secret()
 
 
 def _run(client: Client, opts: Options) -> tuple[list[Check], dict]:
