@@ -215,6 +215,19 @@ def test_check_and_verify_take_the_projector_and_serve_refuses_one_made_for_anot
     s = run_cli("serve", "--target", str(target), "--draft", str(draft), "--mmproj", str(bad), "--port", str(free_port()),
                 "--ctx", "512")
     assert s.returncode != 0 and "a projector made for another model" in s.stderr and "Traceback" not in s.stderr, s.stderr
+    from support.live import Serve
+
+    port = free_port()
+    served = Serve("--target", str(target), "--draft", str(draft), "--mmproj", str(good), "--ctx", "512", "--parallel", "1",
+                   "--threads", "1", "--port", str(port))
+    try:
+        assert served.wait_line("serving on"), served.output[-3000:]
+        assert "images through good.gguf" in served.output
+        r = chat(f"http://127.0.0.1:{port}", oai_content(encoded(13)))
+        assert r.status_code == 200 and r.json()["usage"]["prompt_tokens"] > PER_IMAGE, r.text
+        assert httpx.get(f"http://127.0.0.1:{port}/props").json()["modalities"]["vision"] is True
+    finally:
+        assert served.stop() == 0
 
 
 def test_fuzzed_image_parts_get_an_answer_or_a_4xx_and_nothing_breaks(seeing):

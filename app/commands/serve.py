@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from dataclasses import dataclass
-from pathlib import Path
 
 from app.commands.check import require_compatible
 from app.commands.common import (
@@ -26,6 +24,7 @@ from app.gguf.projector import fits
 from app.models.refs import resolve_ref
 from app.plan.hardware import Hardware, detect
 from app.plan.planner import Plan, make_plan
+from app.server.model_start import ModelStart, Resolved
 from app.server.settings import ServeSettings
 
 
@@ -52,18 +51,6 @@ def machine_facts(hw: Hardware) -> dict:
                                                          "gpu_offload": gpu_offload()}}
 
 
-@dataclass
-class Resolved:
-    name: str
-    target: ModelInfo
-    draft: ModelInfo | None
-    embedder: ModelInfo | None
-    plan: Plan
-    hw: Hardware
-    chat_template: str | None = None  # in place of the target's own (--chat-template-file, the preset's)
-    mmproj: Path | None = None  # the target's vision projector
-
-
 def resolve(req: StartRequest, quiet: bool = False) -> Resolved:
     """The models on disk (read and paired), the hardware and the plan: what `serve` runs."""
     settings = req.settings
@@ -84,8 +71,8 @@ def resolve(req: StartRequest, quiet: bool = False) -> Resolved:
     if not quiet:
         for w in plan.warnings:
             console.print(f"[yellow]warning:[/] {w}")
-    return Resolved(sel.name, target, draft, embedder, plan, hw, chat_template(settings.chat_template_file, sel),
-                    vision.path if vision is not None else None)
+    return Resolved(ModelStart(sel.name, plan, target, draft, embedder, chat_template(settings.chat_template_file, sel),
+                               vision.path if vision is not None else None), hw)
 
 
 def serve_once(req: StartRequest, start) -> int:
@@ -94,12 +81,13 @@ def serve_once(req: StartRequest, start) -> int:
 
     settings = req.settings
     r = resolve(req)
+    m = r.model
     start.machine = machine_facts(r.hw)
-    console.print(f"serving {r.name} on {settings.scheme}://{settings.host}:{settings.port} (context {r.plan.ctx:,}, "
-                  f"{r.plan.parallel} slots, speculation {speculation_label(settings.speculative, r.draft, r.plan)}"
+    console.print(f"serving {m.name} on {settings.scheme}://{settings.host}:{settings.port} (context {m.plan.ctx:,}, "
+                  f"{m.plan.parallel} slots, speculation {speculation_label(settings.speculative, m.draft, m.plan)}"
+                  + (f", images through {m.mmproj.name}" if m.mmproj else "")
                   + (f", revision {start.revision}" if start.revision else "") + ")")
-    return serve(settings, r.plan, r.target, r.draft, threads(settings.threads, r.hw), r.name, r.embedder, start,
-                 r.chat_template, r.mmproj)
+    return serve(settings, m, threads(settings.threads, r.hw), start)
 
 
 def speculation_label(speculative: bool, draft: ModelInfo | None, plan: Plan) -> str:
@@ -114,13 +102,11 @@ def local_server(req: StartRequest):
     yields its URL once it has loaded and answers."""
     import socket
 
-    from app.engine.embed import Embedder
-    from app.engine.loader import load
-    from app.server.app import create_app
-    from app.server.serve import HttpThread, attach, build_service, shutdown
+    from app.server.serve import HttpThread, Start, go_live, load_model, open_service, shutdown
 
     settings = req.settings
     r = resolve(req)
+    m, n_threads = r.model, threads(settings.threads, r.hw)
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     settings = settings.model_copy(update={"host": "127.0.0.1", "port": sock.getsockname()[1]})
@@ -128,17 +114,12 @@ def local_server(req: StartRequest):
     service = None
     http = None
     try:
-        with console.status(f"loading {r.name}…") if console.is_terminal else contextlib.nullcontext():
-            loaded = load(r.plan, r.target, r.draft, threads(settings.threads, r.hw), adaptive=settings.speculative,
-                          suffix_tokens=settings.suffix_tokens, cache_ram_mib=settings.cache_ram,
-                          chat_template=r.chat_template, mmproj=r.mmproj)
-        service = build_service(r.plan, r.target, r.draft, r.name)
-        service.machine = machine_facts(r.hw)
-        service.digests = {role: m.get("sha256") for role, m in model_record(req.chosen, settings)[1].items()}
-        app = create_app(settings, service)
-        if r.embedder is not None and r.plan.embedding is not None:
-            service.embedder = Embedder(r.embedder, r.plan.embedding, threads(settings.threads, r.hw))
-        attach(service, loaded, settings, app.state.count)
+        with console.status(f"loading {m.name}…") if console.is_terminal else contextlib.nullcontext():
+            loaded = load_model(m, n_threads, settings)
+        start = Start(machine=machine_facts(r.hw),
+                      digests={role: f.get("sha256") for role, f in model_record(req.chosen, settings)[1].items()})
+        service, app = open_service(m, settings, start)
+        go_live(service, app, loaded, m, settings, n_threads, start)
         http = HttpThread(app, sock)
         http.start()
         yield f"{settings.scheme}://127.0.0.1:{settings.port}"

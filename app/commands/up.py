@@ -16,9 +16,7 @@ import signal
 import sys
 import threading
 import time
-from pathlib import Path
 from contextlib import contextmanager
-from dataclasses import dataclass
 
 from prometheus_client import generate_latest
 from rich.console import Console
@@ -33,15 +31,15 @@ from app.commands.common import (
 )
 from app.commands.start_request import StartRequest
 from app.commands.dashboard import build_snapshot, loading_snapshot, watch
-from app.engine.embed import Embedder
 from app.engine.loader import Loaded
 from app.errors import PairError, SpecdeckError
-from app.gguf.info import ModelInfo, read_model_info
+from app.gguf.info import read_model_info
 from app.gguf.projector import fits, read_projector
 from app.models.refs import Selection, resolve_ref
-from app.plan.hardware import Hardware, detect
+from app.plan.hardware import detect
 from app.plan.planner import Plan, make_plan, require_mtp_head
 from app.plan.view import render_plan
+from app.server.model_start import ModelStart, Resolved
 from app.server.settings import ServeSettings
 
 STEPS = ("detect hardware", "pull and verify", "check the pair", "plan memory", "load models", "warm up", "serve")
@@ -85,19 +83,7 @@ class Steps:
                            soft_wrap=True)
 
 
-@dataclass
-class Prepared:
-    name: str
-    plan: Plan
-    target: ModelInfo
-    draft: ModelInfo | None
-    hw: Hardware
-    embedder: ModelInfo | None = None
-    chat_template: str | None = None  # in place of the target's own (--chat-template-file, the preset's)
-    mmproj: Path | None = None  # the target's vision projector
-
-
-def prepare(req: StartRequest, steps: Steps) -> Prepared:
+def prepare(req: StartRequest, steps: Steps) -> Resolved:
     """Hardware, pull, check, plan: the same functions `pull`, `check` and `plan` run."""
     from app.commands.common import (
         catalog_of,
@@ -158,9 +144,8 @@ def prepare(req: StartRequest, steps: Steps) -> Prepared:
                          projector=vision)
         steps.console.print(render_plan(plan, sel.name))
         r["done"] = f"context {plan.ctx:,}, {plan.parallel} slot(s), {plan.used / 2**30:.2f} of {plan.budget / 2**30:.2f} GiB"
-    return Prepared(sel.name, plan, target, draft, hw, embedder,
-                    chat_template(getattr(settings, "chat_template_file", None), sel),
-                    got["mmproj"].path if "mmproj" in got else None)
+    return Resolved(ModelStart(sel.name, plan, target, draft, embedder, chat_template(settings.chat_template_file, sel),
+                               got["mmproj"].path if "mmproj" in got else None), hw)
 
 
 def prompt_ids(tok, messages: list[dict]) -> list[int]:
@@ -170,25 +155,23 @@ def prompt_ids(tok, messages: list[dict]) -> list[int]:
     return tok.encode("\n".join(m["content"] for m in messages))
 
 
-def load_and_warm(prep: Prepared, threads: int, settings: ServeSettings, steps: Steps) -> Loaded:
+def load_and_warm(m: ModelStart, threads: int, settings: ServeSettings, steps: Steps) -> Loaded:
     from app.engine.engine import Request, SpecParams
-    from app.engine.loader import load
     from app.llama.context import LoadCancelled
+    from app.server.serve import load_model
 
     loaded = None
     try:
         with steps.step("load models", spinner=True) as r:
             speculative = settings.speculative
-            loaded = load(prep.plan, prep.target, prep.draft, threads, adaptive=speculative,
-                          suffix_tokens=settings.suffix_tokens, cache_ram_mib=settings.cache_ram, cancel=steps.stop,
-                          chat_template=prep.chat_template, mmproj=prep.mmproj)
-            drafter = ", MTP head loaded" if prep.plan.mtp else ", draft loaded" if loaded.draft else ""
+            loaded = load_model(m, threads, settings, cancel=steps.stop)
+            drafter = ", MTP head loaded" if m.plan.mtp else ", draft loaded" if loaded.draft else ""
             r["done"] = f"target n_ctx {loaded.target.n_ctx:,}" + drafter + \
                         (", speculation costs calibrated" if speculative else "")
         with steps.step("warm up", spinner=True) as r:
             tok = loaded.tokenizer
             req = Request(prompt=prompt_ids(tok, [{"role": "user", "content": "Say hi."}]), max_tokens=8,
-                          stop_tokens=tok.stop_tokens, speculative=SpecParams(enabled=speculative, n_max=prep.plan.draft_max))
+                          stop_tokens=tok.stop_tokens, speculative=SpecParams(enabled=speculative, n_max=m.plan.draft_max))
             t = time.perf_counter()
             n = sum(len(rec.tokens) for rec in loaded.engine.generate(req, 0))
             r["done"] = f"{n} tokens in {time.perf_counter() - t:.2f} s"
@@ -250,19 +233,16 @@ class StopSignals:
 def up(req: StartRequest, console: Console, out: Console, start=None) -> int:
     from app.commands.serve import machine_facts
     from app.ops.smoke import smoke_request
-    from app.server.app import create_app
     from app.server.core import status_json
     from app.server.serve import (
         HttpThread,
         Start,
         StartFailed,
-        attach,
         bind_socket,
-        build_service,
+        go_live,
         local_url,
-        reload_keys_on_hangup,
+        open_service,
         shutdown,
-        watch_alerts,
     )
 
     settings = req.settings
@@ -279,22 +259,17 @@ def up(req: StartRequest, console: Console, out: Console, start=None) -> int:
     try:
         with signals.installed():
             prep = prepare(req, steps)
-            start.plan = prep.plan.to_json()
+            m = prep.model
+            start.plan = m.plan.to_json()
+            start.machine = machine_facts(prep.hw)
             n_threads = threads(settings.threads, prep.hw)
             with signals.deferred():
-                loaded = load_and_warm(prep, n_threads, settings, steps)
+                loaded = load_and_warm(m, n_threads, settings, steps)
             steps.check_stop()
             url = f"{settings.scheme}://{settings.host}:{settings.port}"
             with steps.step("serve") as r:
-                service = build_service(prep.plan, prep.target, prep.draft, prep.name)
-                app = create_app(settings, service)
-                reload_keys_on_hangup(app.state.keys)
-                if prep.embedder is not None and prep.plan.embedding is not None:
-                    service.embedder = Embedder(prep.embedder, prep.plan.embedding, n_threads)
-                service.revision, service.digests, service.fallback = start.revision, start.digests, start.fallback
-                service.machine = machine_facts(prep.hw)
-                attach(service, loaded, settings, app.state.count)
-                watch_alerts(service, app.state.metrics, start)
+                service, app = open_service(m, settings, start)
+                go_live(service, app, loaded, m, settings, n_threads, start)
                 http = HttpThread(app, sock)
                 http.start()
                 try:
@@ -431,9 +406,9 @@ def run(req: StartRequest, console: Console, out: Console) -> int:
     settings = req.settings
     steps = Steps(console, STEPS[:-1])
     prep = prepare(req, steps)
-    loaded = load_and_warm(prep, threads(settings.threads, prep.hw), settings, steps)
+    loaded = load_and_warm(prep.model, threads(settings.threads, prep.hw), settings, steps)
     try:
-        return chat(loaded, prep.plan, settings.speculative, out, req.max_tokens)
+        return chat(loaded, prep.model.plan, settings.speculative, out, req.max_tokens)
     except KeyboardInterrupt:
         return 0
     finally:

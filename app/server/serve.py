@@ -11,7 +11,6 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import uvicorn
 
@@ -27,6 +26,7 @@ from app.plan.planner import Plan
 from app.server import sdnotify
 from app.server.app import Service, create_app
 from app.server.keys import KeyStore
+from app.server.model_start import ModelStart
 from app.server.scheduler import Scheduler
 from app.server.settings import ServeSettings
 from app.server.watch import AlertWatcher
@@ -34,11 +34,38 @@ from app.server.watch import AlertWatcher
 log = logging.getLogger("specdeck.server")
 
 
-def build_service(plan: Plan, target: ModelInfo, draft: ModelInfo | None, model_id: str) -> Service:
+def build_service(plan: Plan, target: ModelInfo, draft: ModelInfo | None, model_id: str,
+                  start: Start | None = None) -> Service:
+    """A model's service with its whole identity (name, plan, files, and the start's revision, machine,
+    digests and fallback); it answers 503 until `go_live`."""
+    start = start or Start()
     return Service(model_id=model_id, n_ctx=plan.ctx, speculative_default=True,
                    plan=plan, models={"target": str(target.path),
                                       "draft": str(draft.path) if draft else "mtp" if plan.mtp else None},
-                   details=model_details(target))
+                   details=model_details(target), revision=start.revision, machine=start.machine,
+                   digests=start.digests, fallback=start.fallback)
+
+
+def open_service(m: ModelStart, settings: ServeSettings, start: Start) -> tuple[Service, object]:
+    """The model's service and its app (keys read, SIGHUP re-reads them)."""
+    service = build_service(m.plan, m.target, m.draft, m.name, start)
+    app = create_app(settings, service)
+    reload_keys_on_hangup(app.state.keys)
+    return service, app
+
+
+def load_model(m: ModelStart, threads: int, settings: ServeSettings, cancel: threading.Event | None = None) -> Loaded:
+    return load(m.plan, m.target, m.draft, threads, adaptive=settings.speculative, suffix_tokens=settings.suffix_tokens,
+                cache_ram_mib=settings.cache_ram, cancel=cancel, chat_template=m.chat_template, mmproj=m.mmproj)
+
+
+def go_live(service: Service, app, loaded: Loaded, m: ModelStart, settings: ServeSettings, threads: int,
+            start: Start) -> None:
+    """The loaded model behind its service: the embedding model, the scheduler, the alert watcher."""
+    if m.embedder is not None and m.plan.embedding is not None:
+        service.embedder = Embedder(m.embedder, m.plan.embedding, threads)
+    attach(service, loaded, settings, app.state.count)
+    watch_alerts(service, app.state.metrics, start)
 
 
 def model_details(info: ModelInfo) -> dict:
@@ -224,20 +251,15 @@ def local_url(settings: ServeSettings) -> str:
     return f"{settings.scheme}://{host}:{settings.port}"
 
 
-def serve(settings: ServeSettings, plan: Plan, target: ModelInfo, draft: ModelInfo | None, threads: int,
-          model_id: str, embedder: ModelInfo | None = None, start: Start | None = None,
-          chat_template: str | None = None, mmproj: Path | None = None) -> int:
+def serve(settings: ServeSettings, m: ModelStart, threads: int, start: Start | None = None) -> int:
     """Serve until stopped. Raises StartFailed if it never became good (the caller may fall back);
     returns 0 after a clean stop, also one during start-up (a stop is not a failed start)."""
     start = start or Start()
-    start.plan = plan.to_json()
+    start.plan = m.plan.to_json()
+    model_id = m.name
     settings.check()
     sock = bind_socket(settings.host, settings.port)
-    service = build_service(plan, target, draft, model_id)
-    service.revision, service.machine, service.digests = start.revision, start.machine, start.digests
-    service.fallback = start.fallback
-    app = create_app(settings, service)
-    reload_keys_on_hangup(app.state.keys)
+    service, app = open_service(m, settings, start)
     stop = threading.Event()  # a stop was asked for (signal), or the server has ended
     server = _server(app, on_stop=stop.set)
     state: dict = {}
@@ -252,14 +274,10 @@ def serve(settings: ServeSettings, plan: Plan, target: ModelInfo, draft: ModelIn
 
     def loader() -> None:
         try:
-            state["loaded"] = load(plan, target, draft, threads, adaptive=settings.speculative, suffix_tokens=settings.suffix_tokens,
-                                   cache_ram_mib=settings.cache_ram, cancel=stop, chat_template=chat_template)
-            if embedder is not None and plan.embedding is not None:
-                service.embedder = Embedder(embedder, plan.embedding, threads)
+            state["loaded"] = load_model(m, threads, settings, cancel=stop)
             if stop.is_set():
                 return
-            attach(service, state["loaded"], settings, app.state.count)
-            watch_alerts(service, app.state.metrics, start)
+            go_live(service, app, state["loaded"], m, settings, threads, start)
         except Exception as e:  # noqa: BLE001 - reported, and the start has failed (unless it was stopped)
             if not stop.is_set():
                 fail(f"loading failed: {e}")

@@ -14,14 +14,12 @@ from pathlib import Path
 
 import uvicorn
 
-from app.engine.embed import Embedder
-from app.engine.loader import load
 from app.gguf.info import read_model_info
 from app.plan.hardware import detect
 from app.gguf.projector import read_projector
 from app.plan.planner import PlanRequest, make_plan
-from app.server.app import create_app
-from app.server.serve import attach, build_service
+from app.server.model_start import ModelStart
+from app.server.serve import Start, go_live, load_model, open_service
 from app.server.settings import ServeSettings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -130,12 +128,10 @@ class LiveServer:
         e = read_model_info(embedding) if embedding else None
         self.plan = make_plan(t, d, PlanRequest(ctx=ctx, ctx_is_user_choice=True, parallel=parallel, draft_max=4), detect(),
                               ctx, e, projector=read_projector(mmproj) if mmproj else None)
-        self.loaded = load(self.plan, t, d, 1, adaptive=True, chat_template=chat_template, mmproj=mmproj)
-        self.service = build_service(self.plan, t, d, "tiny")
-        if e is not None:
-            self.service.embedder = Embedder(e, self.plan.embedding, 1)
-        self.app = create_app(settings, self.service)
-        attach(self.service, self.loaded, settings, self.app.state.count)
+        m = ModelStart("tiny", self.plan, t, d, e, chat_template, mmproj)  # started as serve starts a model
+        self.loaded = load_model(m, 1, settings)
+        self.service, self.app = open_service(m, settings, Start())
+        go_live(self.service, self.app, self.loaded, m, settings, 1, Start())
         self.settings = settings  # the running server's own (a test may change a setting the routes read)
         self.port = settings.port
         self.server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning"))
