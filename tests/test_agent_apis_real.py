@@ -118,3 +118,26 @@ def test_infill_n_predict_zero_warms_the_cache(qwen):
     assert warm["tokens_predicted"] == 0 and warm["content"] == "" and warm["tokens_evaluated"] > 200
     done = c.post("/infill", json={**body, "n_predict": 12}).json()
     assert done["timings"]["prompt_cached"] >= warm["tokens_evaluated"] - 1 and "a + b" in done["content"]
+
+
+def test_the_pair_without_a_projector_answers_an_image_with_the_clear_400_and_text_as_before(qwen):
+    """The Qwen pair has no vision projector: an image is refused on each API, naming the part, and
+    the same conversation as text is answered."""
+    import httpx
+
+    png = ("iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAIAAACQd1PeAAAADElEQVR4nGP4z8AAAAMBAQDJ/pLvAAAAAElFTkSuQmCC")
+    for path, body, where in (
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": [
+            {"type": "text", "text": "what is this?"},
+            {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{png}"}}]}]}, "messages.0.content.1"),
+        ("/v1/messages", {"model": "x", "max_tokens": 8, "messages": [{"role": "user", "content": [
+            {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": png}}]}]},
+         "messages.0.content.0"),
+        ("/api/chat", {"model": "tiny", "stream": False, "messages": [{"role": "user", "content": "?", "images": [png]}]},
+         "messages.0.images.0"),
+    ):
+        r = httpx.post(qwen.url + path, json={**body, "max_tokens": 8} if path.startswith("/v1/chat") else body, timeout=120)
+        assert r.status_code == 400 and f"{where}: this model has no vision projector: serve it with --mmproj" in r.text, r.text
+    r = httpx.post(qwen.url + "/v1/chat/completions", timeout=120, json={
+        "messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 8, "temperature": 0})
+    assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"]
