@@ -461,3 +461,46 @@ def test_a_revision_records_the_start_typed_and_starts_it_again_as_named(tmp_pat
     assert (planned.ctx, planned.parallel, planned.ctx_is_user_choice) == (4096, 2, True)
     off = StartRequest.of(build_parser().parse_args(["up", "--no-mmproj", "--interval", "2"]), ServeSettings())
     assert off.chosen.no_mmproj and off.up.interval == 2.0
+
+
+def test_the_configs_pins_refuse_a_model_file_that_differs_naming_it(tiny, tmp_path):
+    """A config pins the model files by SHA-256: the right file starts, another refuses, naming it;
+    a pin that is not a SHA-256 is one clear line."""
+    import hashlib
+
+    sha = hashlib.sha256(tiny.target.read_bytes()).hexdigest()
+    config = tmp_path / "c.toml"
+    config.write_text(f'[pins]\n"{tiny.target.name}" = "{"0" * 64}"\n')
+    r = run_cli("serve", "--target", str(tiny.target), "--config", str(config), "--port", str(free_port()))
+    assert r.returncode != 0 and f"target {tiny.target.name}: SHA-256 {sha} is not the one the config pins" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
+    config.write_text('[pins]\n"x.gguf" = "abc"\n')
+    r = run_cli("serve", "--target", str(tiny.target), "--config", str(config))
+    assert r.returncode != 0 and "the pin of x.gguf is not a SHA-256" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_in_a_container_doctor_names_the_image_and_a_revision_records_it(tmp_path, monkeypatch):
+    """podman's /run/.containerenv and the image's own label file: doctor says it runs in a
+    container and which image; a revision's record carries it (what a rollback must run)."""
+    import json as _json
+
+    from app.commands import revision
+    from app.commands.doctor import check_container
+    from app.ops.container import container_facts
+    from app.server.settings import ServeSettings
+
+    assert container_facts(tmp_path) is None and "on the host" in check_container(None).summary
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run/.containerenv").write_text('engine="podman-4.3.1"\nname="specdeck"\n'
+                                                'image="localhost/specdeck:cpu"\nimageid="' + "ab" * 32 + '"\n')
+    (tmp_path / "etc/specdeck").mkdir(parents=True)
+    labels = {"org.opencontainers.image.version": "0.1.0", "org.opencontainers.image.revision": "abc1234",
+              "dev.specdeck.flavour": "cpu", "dev.specdeck.llama-cpp.commit": "deadbee"}
+    (tmp_path / "etc/specdeck/image.json").write_text(_json.dumps(labels))
+    facts = container_facts(tmp_path)
+    assert facts == {"engine": "podman-4.3.1", "image": "localhost/specdeck:cpu", "image_id": "ab" * 32, "labels": labels}
+    line = check_container(facts).summary
+    assert line.startswith("in a podman-4.3.1 container: localhost/specdeck:cpu (abababab") and "flavour cpu" in line
+    assert "version 0.1.0" in line and "revision abc1234" in line and "commit deadbee" in line
+    monkeypatch.setattr(revision, "container_facts", lambda: facts)
+    assert revision.settings_json(ServeSettings(), None)["image"]["image_id"] == "ab" * 32

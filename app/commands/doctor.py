@@ -36,6 +36,7 @@ from app.commands.start_request import StartRequest
 from app.errors import SpecdeckError
 from app.gguf.info import ModelInfo
 from app.models.fetch import Fetcher
+from app.ops.container import container_facts
 from app.plan.hardware import Driver, Gpu, Hardware, detect
 from app.plan.planner import Plan
 
@@ -43,7 +44,7 @@ Status = Literal["ok", "warn", "fail"]
 MARKS = {"ok": "✓", "warn": "!", "fail": "✗"}
 GiB = 1024**3
 ORDER = ("gpu", "build", "smoke decode", "ram", "disk", "models", "pair", "plan", "port", "exposure", "key file",
-         "config", "directories")
+         "config", "directories", "container")
 DISK_FACTOR = 1.5  # free disk wanted for models not pulled yet: the files plus room for the partial and staging
 
 
@@ -285,6 +286,13 @@ def check_config(path: Path, exists: bool) -> Check:
     return Check("config", "ok", f"{path} parses")
 
 
+def check_container(facts: dict | None) -> Check:
+    """Where it runs: the host, or a container and its image (labels, digest)."""
+    from app.ops.container import describe
+
+    return Check("container", "ok", "on the host (not in a container)" if facts is None else describe(facts))
+
+
 def check_dirs(dirs: dict[str, Path]) -> Check:
     for label, d in dirs.items():
         try:
@@ -355,7 +363,7 @@ def machine_checks(subject: Subject, hw: Hardware, port: bool = True, smoke: boo
         checks.append(check_port(subject.host, subject.port))
     checks += [check_exposure(subject.host, subject.has_key), check_key_file(subject.key_file),
                check_config(subject.config, subject.config.exists() or subject.config_given),
-               check_dirs({"cache": f.paths.home, "logs": f.paths.log_dir})]
+               check_dirs({"cache": f.paths.home, "logs": f.paths.log_dir}), check_container(container_facts())]
     return checks
 
 

@@ -21,11 +21,12 @@ from rich.markup import escape
 from rich.table import Table
 
 from app.commands.common import alert_settings, config_path, console, out, serve_settings
-from app.commands.serve import model_record, serve_once, server_logging
+from app.commands.serve import check_pins, model_record, serve_once, server_logging
 from app.commands.start_request import Chosen, StartRequest, UpOptions, fixed_plan
 from app.commands.up import up_once
 from app.errors import SpecdeckError
 from app.ops.alerts import AlertSettings
+from app.ops.container import container_facts
 from app.ops.revisions import Revision, RevisionStore
 from app.server import sdnotify
 from app.server.settings import ServeSettings
@@ -67,9 +68,12 @@ def store() -> RevisionStore:
     return RevisionStore(paths().state)
 
 
-def settings_json(settings: ServeSettings, alerts: AlertSettings) -> dict:
-    return {"serve": settings.model_dump(mode="json", exclude={"api_key"}), "alerts": alerts.model_dump(mode="json"),
-            "api_key_set": bool(settings.api_key or settings.api_key_file)}
+def settings_json(settings: ServeSettings, alerts: AlertSettings | None) -> dict:
+    """The effective settings a revision records, and the container image it ran in (if any: a
+    rollback then names the image to run)."""
+    return {"serve": settings.model_dump(mode="json", exclude={"api_key"}),
+            "alerts": (alerts or AlertSettings()).model_dump(mode="json"),
+            "api_key_set": bool(settings.api_key or settings.api_key_file), "image": container_facts()}
 
 
 def _runner(command: str):
@@ -94,6 +98,8 @@ def _start(rev: Revision, req: StartRequest, failed: Revision | None = None, rea
     from app.server.serve import Start
 
     st = store()
+    if req.settings.pins:  # the files as they are now (a rollback's too) against the config's pins
+        check_pins(model_record(req.chosen, req.settings)[1], req.settings.pins)
     st.started(rev)
     status_line = f"fallback from revision {failed.number}: {reason}" if failed is not None else ""
 
@@ -193,8 +199,10 @@ def cmd_config_history(args: argparse.Namespace) -> int:
         mark = " (serving)" if current.get("revision") == r.number else ""
         mark += " (last good)" if good and good.number == r.number else ""
         style = {"good": "green", "failed": "red"}.get(r.status, "yellow")
+        image = (r.settings or {}).get("image") or {}
+        ran_in = image.get("image") or image.get("image_id")
         table.add_row(str(r.number), f"[{style}]{r.status}[/]{mark}", r.created.replace("T", " ")[:19],
-                      escape(r.summary()), str(r.starts), escape(r.failure or "-"))
+                      escape(r.summary() + (f"; image {ran_in}" if ran_in else "")), str(r.starts), escape(r.failure or "-"))
     out.print(table)
     if current.get("fallback"):
         fb = current["fallback"]

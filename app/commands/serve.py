@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from pathlib import Path
 
 from app.commands.check import require_compatible
 from app.commands.common import (
@@ -131,6 +132,18 @@ def local_server(req: StartRequest):
         elif loaded is not None:
             loaded.close()
         sock.close()
+
+
+def check_pins(models: dict, pins: dict[str, str]) -> None:
+    """Each served file whose name the config pins must have that SHA-256 (a file that cannot be
+    read counts as differing): one line naming the file, before anything starts."""
+    for role, m in models.items():
+        name = Path(m["path"]).name if m.get("path") else None
+        want = pins.get(name) if name else None
+        if want is not None and m.get("sha256") != want:
+            got = m.get("sha256") or "unreadable"
+            raise SpecdeckError(f"{role} {name}: SHA-256 {got} is not the one the config pins ({want})",
+                                hint="put the pinned file on the models volume, or change the pin in the config")
 
 
 def model_record(chosen: Chosen, settings: ServeSettings) -> tuple[str, dict]:

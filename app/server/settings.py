@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import ipaddress
+import re
 import tomllib
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, ValidationError
+from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from app.errors import SpecdeckError
 from app.plan.planner import DraftMax
+
+SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
 class ServeSettings(BaseSettings):
@@ -42,6 +45,9 @@ class ServeSettings(BaseSettings):
     max_image_pixels: int = Field(50_000_000, ge=1, description="largest image accepted, width x height pixels")
     allow_image_urls: bool = Field(False, description="fetch images named by http(s) URL (with the image size limit "
                                    "and a 10 s time limit); off: only data: URIs and base64")
+    pins: dict[str, str] = Field(default_factory=dict, json_schema_extra={"flag": False},
+                                 description="SHA-256 pins of the model files, by file name (the config's [pins] "
+                                             "table): a file that differs refuses the start, naming it")
     draft_max: DraftMax = None  # the plan's input (app/plan/planner.py: one definition)
     threads: int | None = Field(None, ge=1, le=1024, description="CPU threads (default: the physical cores)")
     speculative: bool = Field(True, description="speculation on by default (requests can turn it off)",
@@ -75,6 +81,14 @@ class ServeSettings(BaseSettings):
                                     "(default: the service log)")
     access_log_max_mb: float = Field(100.0, gt=0, description="rotate the access log file at this size, MiB")
     access_log_files: int = Field(5, ge=1, le=1000, description="rotated access log files kept")
+
+    @field_validator("pins")
+    @classmethod
+    def _pins_are_sha256(cls, v: dict[str, str]) -> dict[str, str]:
+        bad = next((k for k, d in v.items() if not SHA256.fullmatch(str(d).lower())), None)
+        if bad is not None:
+            raise ValueError(f"the pin of {bad} is not a SHA-256 (64 hex digits)")
+        return {k: d.lower() for k, d in v.items()}
 
     def check(self) -> None:
         if not is_loopback(self.host) and not self.keyring():

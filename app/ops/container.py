@@ -1,0 +1,52 @@
+"""Whether specdeck runs in a container, and which image: podman writes `/run/.containerenv` (the
+engine, and with `--privileged` or in rootful mode the image's name and ID), docker `/.dockerenv`;
+specdeck's image carries its OCI labels in `/etc/specdeck/image.json` (scripts/container.sh writes
+them), since a container cannot read its own labels. What `doctor` reports and a revision records,
+so a rollback names the image to run."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+IMAGE_FILE = "etc/specdeck/image.json"
+
+
+def _containerenv(text: str) -> dict:
+    """podman's key="value" lines."""
+    out = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition("=")
+        if sep:
+            out[key.strip()] = value.strip().strip('"')
+    return out
+
+
+def container_facts(root: Path = Path("/")) -> dict | None:
+    """None outside a container; else {"engine", "image", "image_id", "labels"} as far as known."""
+    podman, docker = root / "run/.containerenv", root / ".dockerenv"
+    if not podman.exists() and not docker.exists():
+        return None
+    env = {}
+    if podman.exists():
+        try:
+            env = _containerenv(podman.read_text(encoding="utf-8", errors="replace"))
+        except OSError:
+            env = {}
+    try:
+        labels = json.loads((root / IMAGE_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        labels = {}
+    return {"engine": env.get("engine") or ("podman" if podman.exists() else "docker"),
+            "image": env.get("image") or None, "image_id": env.get("imageid") or None,
+            "labels": labels if isinstance(labels, dict) else {}}
+
+
+def describe(facts: dict) -> str:
+    """One line: the engine, the image and its labels."""
+    labels = facts.get("labels") or {}
+    what = ", ".join(f"{k.rsplit('.', 1)[-1]} {v}" for k, v in labels.items()
+                     if k.endswith(("version", "revision", "flavour", "llama-cpp.commit")))
+    image = facts.get("image") or "image not stated (run with --privileged or rootful for its name)"
+    digest = f" ({facts['image_id'][:19]})" if facts.get("image_id") else ""
+    return f"in a {facts['engine']} container: {image}{digest}" + (f"; {what}" if what else "")
