@@ -14,7 +14,7 @@ from app.models.catalog import Catalog, load_catalog
 from app.models.fetch import Fetched, Fetcher
 from app.commands.start_request import Chosen, plan_request_of
 from app.gguf.projector import ProjectorInfo, read_projector
-from app.models.refs import ModelRef, Selection, select, with_mmproj
+from app.models.refs import ModelRef, Selection, resolve_ref, select, with_mmproj
 from app.plan.hardware import default_preset_reason, detect
 from app.plan.planner import PlanRequest
 from app.server.settings import ServeSettings
@@ -49,6 +49,15 @@ def selection_of(chosen: Chosen, catalog: Catalog) -> Selection:
     place model names become files."""
     sel = select(catalog, chosen.name, chosen.target, chosen.draft, lambda: default_preset(catalog))
     return with_mmproj(sel, chosen.mmproj, chosen.no_mmproj, catalog)
+
+
+def roles_of(sel: Selection, chosen: Chosen, speculative: bool, catalog: Catalog) -> list[tuple[str, ModelRef]]:
+    """The files a start of `sel` needs, by role: the target, the draft model (when speculating), the
+    embedding model (--embedding-model, else the preset's) and the vision projector."""
+    embedding = resolve_ref(chosen.embedding_model, catalog) if chosen.embedding_model else sel.embedding
+    return ([("target", sel.target)] + ([("draft", sel.draft)] if sel.draft and speculative else [])
+            + ([("embedding", embedding)] if embedding is not None else [])
+            + ([("mmproj", sel.mmproj)] if sel.mmproj is not None else []))
 
 
 def make_fetcher(offline: bool, verify: bool = False) -> Fetcher:

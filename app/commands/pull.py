@@ -14,7 +14,9 @@ from app.commands.common import (
     make_selection,
     out,  # noqa: E402
     pull_one,
+    roles_of,
 )
+from app.commands.start_request import Chosen
 from app.models.catalog import MTP
 from app.models.integrity import VerifiedRecords
 from app.settings import paths
@@ -110,9 +112,7 @@ def cmd_pull(args: argparse.Namespace) -> int:
     catalog = catalog_from_args(args)
     sel = make_selection(args, catalog)
     fetcher = make_fetcher(args.offline, args.verify)
-    roles = [("target", sel.target)] + ([("draft", sel.draft)] if sel.draft else []) \
-        + ([("mmproj", sel.mmproj)] if sel.mmproj else [])
-    for role, ref in roles:
+    for role, ref in roles_of(sel, Chosen.of(args), True, catalog):
         got = pull_one(fetcher, ref)
         how = "hashed now" if got.hashed_now else "verified earlier; size, mtime and inode unchanged"
         out.print(f"[green]ok[/] {role} {ref.label} ({got.source}, {how})", soft_wrap=True)

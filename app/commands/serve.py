@@ -14,25 +14,19 @@ from app.commands.common import (
     console,
     local_path,
     make_fetcher,
-    projector,
+    roles_of,
     selection_of,
     threads,
 )
 from app.commands.start_request import Chosen, StartRequest
 from app.errors import SpecdeckError
 from app.gguf.info import ModelInfo, read_model_info
-from app.gguf.projector import fits
-from app.models.refs import resolve_ref
+from app.gguf.projector import fits, read_projector
+from app.models.refs import Selection
 from app.plan.hardware import Hardware, detect
 from app.plan.planner import Plan, make_plan
 from app.server.model_start import ModelStart, Resolved
 from app.server.settings import ServeSettings
-
-
-def embedding_model(chosen: Chosen, catalog, fetcher, sel) -> ModelInfo | None:
-    """--embedding-model, else the preset's embedding model, else none (the embedding routes then say so)."""
-    ref = resolve_ref(chosen.embedding_model, catalog) if chosen.embedding_model else sel.embedding
-    return read_model_info(local_path(fetcher, ref)) if ref is not None else None
 
 
 def server_logging() -> None:
@@ -54,26 +48,34 @@ def machine_facts(hw: Hardware) -> dict:
 
 def resolve(req: StartRequest, quiet: bool = False) -> Resolved:
     """The models on disk (read and paired), the hardware and the plan: what `serve` runs."""
-    settings = req.settings
     catalog = catalog_of(req.chosen.models)
     sel = selection_of(req.chosen, catalog)
     fetcher = make_fetcher(offline=True)
-    target = read_model_info(local_path(fetcher, sel.target))
-    draft = read_model_info(local_path(fetcher, sel.draft)) if sel.draft and settings.speculative else None
+    files = {role: local_path(fetcher, ref) for role, ref in roles_of(sel, req.chosen, req.settings.speculative, catalog)}
+    hw = detect()
+    m = model_start(sel, files, req, hw)
+    if not quiet:
+        for w in m.plan.warnings:
+            console.print(f"[yellow]warning:[/] {w}")
+    return Resolved(m, hw)
+
+
+def model_start(sel: Selection, files: dict[str, Path], req: StartRequest, hw: Hardware) -> ModelStart:
+    """A selection's files (by role, see roles_of) read, paired and planned: the one place a start
+    turns model files into what it serves (`serve`, `up`, `validate`'s own server)."""
+    settings = req.settings
+    target = read_model_info(files["target"])
+    draft = read_model_info(files["draft"]) if "draft" in files else None
     if draft is not None:
         require_compatible(target, draft)
-    embedder = embedding_model(req.chosen, catalog, fetcher, sel)
-    hw = detect()
-    vision = projector(fetcher, sel, need=True)
+    embedder = read_model_info(files["embedding"]) if "embedding" in files else None
+    vision = read_projector(files["mmproj"]) if "mmproj" in files else None
     if vision is not None and (why := fits(vision, target.n_embd)):
         raise SpecdeckError(f"--mmproj: {why}", hint="name the projector made for this model, or serve with --no-mmproj")
     plan = make_plan(target, draft, req.plan_request(draft_max=settings.draft_max), hw, sel.context, embedder,
                      mtp=sel.mtp and settings.speculative, projector=vision)
-    if not quiet:
-        for w in plan.warnings:
-            console.print(f"[yellow]warning:[/] {w}")
-    return Resolved(ModelStart(sel.name, plan, target, draft, embedder, chat_template(settings.chat_template_file, sel),
-                               vision.path if vision is not None else None), hw)
+    return ModelStart(sel.name, plan, target, draft, embedder, chat_template(settings.chat_template_file, sel),
+                      files.get("mmproj"))
 
 
 def serve_once(req: StartRequest, start) -> int:
@@ -155,13 +157,10 @@ def model_record(chosen: Chosen, settings: ServeSettings) -> tuple[str, dict]:
 
     catalog = catalog_of(chosen.models)
     sel = selection_of(chosen, catalog)
-    refs = [("target", sel.target)] + ([("draft", sel.draft)] if sel.draft and settings.speculative else []) \
-        + ([("mmproj", sel.mmproj)] if sel.mmproj else [])
-    if chosen.embedding_model or sel.embedding is not None:
-        try:
-            refs.append(("embedding", resolve_ref(chosen.embedding_model, catalog) if chosen.embedding_model else sel.embedding))
-        except Exception:  # noqa: BLE001 - recorded by name; serving it says what is wrong
-            pass
+    try:
+        refs = roles_of(sel, chosen, settings.speculative, catalog)
+    except Exception:  # noqa: BLE001 - an embedding model that does not resolve: serving it says what is wrong
+        refs = roles_of(sel, chosen.model_copy(update={"embedding_model": None}), settings.speculative, catalog)
     fetcher = make_fetcher(offline=True)
     records = VerifiedRecords(paths().verified_file)
     out = {}

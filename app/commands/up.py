@@ -33,11 +33,9 @@ from app.commands.start_request import StartRequest
 from app.commands.dashboard import build_snapshot, loading_snapshot, watch
 from app.engine.loader import Loaded
 from app.errors import PairError, SpecdeckError
-from app.gguf.info import read_model_info
-from app.gguf.projector import fits, read_projector
-from app.models.refs import Selection, resolve_ref
+from app.models.refs import Selection
 from app.plan.hardware import detect
-from app.plan.planner import Plan, make_plan, require_mtp_head
+from app.plan.planner import Plan, require_mtp_head
 from app.plan.view import render_plan
 from app.server.model_start import ModelStart, Resolved
 from app.server.settings import ServeSettings
@@ -85,12 +83,8 @@ class Steps:
 
 def prepare(req: StartRequest, steps: Steps) -> Resolved:
     """Hardware, pull, check, plan: the same functions `pull`, `check` and `plan` run."""
-    from app.commands.common import (
-        catalog_of,
-        chat_template,
-        make_fetcher,
-        pull_one,
-    )
+    from app.commands.common import catalog_of, make_fetcher, pull_one, roles_of
+    from app.commands.serve import model_start
     from app.commands.doctor import doctor_subject, failed, machine_checks
 
     settings = req.settings
@@ -110,11 +104,7 @@ def prepare(req: StartRequest, steps: Steps) -> Resolved:
         r["done"] = (f"{gpus}; {hw.ram_total / 2**30:.1f} GiB RAM, {hw.cpu_count} cores; preset {sel.name}; "
                      f"doctor: {len(checks)} checks, none failed")
     with steps.step("pull and verify") as r:
-        roles = [("target", sel.target)] + ([("draft", sel.draft)] if sel.draft and settings.speculative else [])
-        embedding = resolve_ref(req.chosen.embedding_model, catalog_of(req.chosen.models)) if req.chosen.embedding_model \
-            else sel.embedding
-        roles += [("embedding", embedding)] if embedding is not None else []
-        roles += [("mmproj", sel.mmproj)] if sel.mmproj is not None else []
+        roles = roles_of(sel, req.chosen, settings.speculative, catalog_of(req.chosen.models))
         got = {role: pull_one(fetcher, ref) for role, ref in roles}
         r["done"] = "; ".join(f"{role} {g.path.name} ({g.source}, {'hashed now' if g.hashed_now else 'verified earlier'})"
                               for role, g in got.items())
@@ -133,19 +123,11 @@ def prepare(req: StartRequest, steps: Steps) -> Resolved:
                      else f"the target drafts with its MTP head ({result.target.info.n_nextn} layer(s))" if sel.mtp
                      else "target readable (no draft)")
     with steps.step("plan memory") as r:
-        target = read_model_info(got["target"].path)
-        draft = read_model_info(got["draft"].path) if "draft" in got else None
-        planned = req.plan_request(draft_max=settings.draft_max)
-        embedder = read_model_info(got["embedding"].path) if "embedding" in got else None
-        vision = read_projector(got["mmproj"].path) if "mmproj" in got else None
-        if vision is not None and (why := fits(vision, target.n_embd)):
-            raise SpecdeckError(f"--mmproj: {why}", hint="name the projector made for this model, or --no-mmproj")
-        plan = make_plan(target, draft, planned, hw, sel.context, embedder, mtp=sel.mtp and settings.speculative,
-                         projector=vision)
+        m = model_start(sel, {role: g.path for role, g in got.items()}, req, hw)
+        plan = m.plan
         steps.console.print(render_plan(plan, sel.name))
         r["done"] = f"context {plan.ctx:,}, {plan.parallel} slot(s), {plan.used / 2**30:.2f} of {plan.budget / 2**30:.2f} GiB"
-    return Resolved(ModelStart(sel.name, plan, target, draft, embedder, chat_template(settings.chat_template_file, sel),
-                               got["mmproj"].path if "mmproj" in got else None), hw)
+    return Resolved(m, hw)
 
 
 def prompt_ids(tok, messages: list[dict]) -> list[int]:
