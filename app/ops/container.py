@@ -47,6 +47,7 @@ def describe(facts: dict) -> str:
     labels = facts.get("labels") or {}
     what = ", ".join(f"{k.rsplit('.', 1)[-1]} {v}" for k, v in labels.items()
                      if k.endswith(("version", "revision", "flavour", "llama-cpp.commit")))
-    image = facts.get("image") or "image not stated (run with --privileged or rootful for its name)"
+    hint = " (podman states it in rootful mode or with --privileged)" if str(facts["engine"]).startswith("podman") else ""
+    image = facts.get("image") or f"image not stated{hint}"
     digest = f" ({facts['image_id'][:19]})" if facts.get("image_id") else ""
     return f"in a {facts['engine']} container: {image}{digest}" + (f"; {what}" if what else "")
