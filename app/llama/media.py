@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 ROW_BITS = 24  # rows of one image (a 27B projector gives at most a few thousand)
 KEY_BITS = 62
@@ -51,8 +52,9 @@ class Picture:
     height: int
     rgb: bytes
 
-    @property
+    @cached_property
     def key(self) -> int:
+        """Hashed once (a screenshot's pixels are megabytes; every lookup by image reads the key)."""
         return pixel_key(self.width, self.height, self.rgb)
 
 

@@ -156,10 +156,6 @@ class ChatMessage(StrictBody):
     tool_call_id: str | None = None
     reasoning_content: str | None = None  # an earlier answer's reasoning, sent back (llama-server's, DeepSeek's field)
 
-    def has_images(self) -> bool:
-        return isinstance(self.content, list) and any(
-            isinstance(p, dict) and p.get("type") in ("image_url", "input_image", "image") for p in self.content)
-
     def text(self) -> str:
         if isinstance(self.content, list):
             return "".join(p.get("text", "") for p in self.content if isinstance(p, dict) and p.get("type") == "text")
