@@ -22,8 +22,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from app.engine import kv
-from app.llama import media
 from app.engine.kv import can_keep
+from app.llama import media
 from app.llama.context import Context
 
 TAIL = 4  # a prompt is checkpointed this many tokens before its end (and n_ubatch more), where the

@@ -20,7 +20,6 @@ from typing import Protocol
 import numpy as np
 
 from app.engine import kv
-from app.llama import media
 from app.engine.accept import (
     Accepted,
     accept_by_match,
@@ -32,13 +31,15 @@ from app.engine.cache import PoolBusy, PromptCache
 from app.engine.checkpoints import Checkpoints
 from app.engine.drafters.base import Ask, Draft, Drafter
 from app.engine.logprobs import token_logprob
-from app.llama.media import Picture
 from app.engine.records import RequestRecord, StepRecord
 from app.engine.sampling import TokenSampler
 from app.engine.saved import SavedPrompts
 from app.engine.slots import Prefill, Request, Slot, SpecParams
 from app.errors import SpecdeckError
+from app.llama import media
 from app.llama.context import Context
+from app.llama.media import Picture
+from app.llama.vision import Projector
 
 __all__ = ["ContextOverflow", "CostObserver", "Engine", "Interrupted", "PoolBusy", "Prefill", "Request", "Slot",
            "SpecParams", "can_roll_back"]
@@ -60,21 +61,11 @@ def _top2(logits: np.ndarray) -> tuple[int, float]:
     return i, top - second
 
 
-class Vision(Protocol):
-    """The target's projector as the engine reads it (app/llama/vision.py)."""
-
-    non_causal: bool
-
-    def rows(self, picture: Picture) -> np.ndarray: ...
-
-    def width(self, picture: Picture) -> int: ...
-
-
 @dataclass
 class RequestImages:
     """One request's images by key, their rows from the projector (kv.ImageRows)."""
 
-    vision: Vision
+    vision: Projector
     pictures: dict[int, Picture]
 
     @property
@@ -97,7 +88,7 @@ class CostObserver(Protocol):
 class Engine:
     def __init__(self, target: Context, drafter: Drafter | None, n_slots: int, draft_limit: int | None = None,
                  costs: CostObserver | None = None, saved_bytes: int = 0, halt: threading.Event | None = None,
-                 checkpoints: Checkpoints | None = None, vision: Vision | None = None) -> None:
+                 checkpoints: Checkpoints | None = None, vision: Projector | None = None) -> None:
         self.target = target
         self.vision = vision  # the target's projector: images' embedding rows (None: a text-only model)
         # set when the engine must stop: a prompt being evaluated stops at its next chunk (the drafter
@@ -376,7 +367,8 @@ class Engine:
         if self.drafter is None or not any(a.k > 0 for a in asks):
             return {s.id: Draft([]) for s in slots}, {s.id: 0.0 for s in slots}
         t = time.perf_counter()
-        out = [_text_part(d) for d in self.drafter.propose_all(asks)]
+        out = self.drafter.propose_all(asks)
+        out = [_text_part(d) if s.request.pictures else d for s, d in zip(slots, out)]
         each = (time.perf_counter() - t) / len(asks)  # drafts chosen together share the time
         return ({a.seq: d for a, d in zip(asks, out)},
                 {a.seq: d.seconds if d.seconds is not None else each for a, d in zip(asks, out)})

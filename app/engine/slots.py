@@ -11,9 +11,9 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from app.engine.logprobs import MAX_TOP
-from app.llama.media import Picture
 from app.engine.records import RequestRecord
 from app.engine.sampling import SamplingParams, TokenSampler
+from app.llama.media import Picture
 
 
 class SpecParams(BaseModel):

@@ -17,13 +17,14 @@ import numpy as np
 
 from app.errors import SpecdeckError
 from app.llama.backend import init_llama
-from app.llama.measure import KV_TYPE_IDS
 from app.llama import nextn
+from app.llama.measure import KV_TYPE_IDS
 from app.llama.nextn import EmbdBatch
 from app.llama.params import ModelParams
 
 
 LLAMA_ROPE_TYPE_IMROPE = 40  # llama.h's LLAMA_ROPE_TYPE_IMROPE (interleaved M-RoPE), not in the bindings
+
 
 class DecodeError(SpecdeckError):
     """llama_decode refused a batch (no KV slot, out of memory, aborted)."""
@@ -183,7 +184,6 @@ class Context:
             finally:
                 if non_causal:
                     llama_cpp.llama_set_causal_attn(self.ptr, True)
-
             if self.after_decode is not None:
                 self.after_decode(batch)
         finally:

@@ -32,9 +32,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from app.engine import kv
-from app.llama import media
 from app.engine.drafters.base import Draft, DrafterBase
 from app.engine.sampling import SamplingParams
+from app.llama import media
 
 KEY = 3  # tokens in a table key
 MAX_DEPTH = 32  # a match is measured back this far at most
