@@ -81,8 +81,7 @@ def ttft_pairs(model: Model, proj: Projector, tok: Tokenizer, side: int, rounds:
         if cold:
             ctx.clear()
             eng.slots[0].cached = []
-            proj._cache.clear()  # noqa: SLF001 - the benchmark empties the image cache on purpose
-            proj._cache_bytes = 0  # noqa: SLF001
+            proj.forget_images()
         else:  # the first turn is in the cache, as a client's next request finds it
             run(first_ids, True)
         req = Request(prompt=ids, pictures={pic.key: pic}, max_tokens=1, speculative=SpecParams(enabled=False))

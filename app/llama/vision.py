@@ -140,6 +140,12 @@ class Projector:
                 self._cache_bytes -= old.nbytes
         return out
 
+    def forget_images(self) -> None:
+        """Empty the cache of encoded images (the next use of each encodes it again)."""
+        with self._lock:
+            self._cache.clear()
+            self._cache_bytes = 0
+
     def _encode(self, picture: Picture) -> np.ndarray:
         chunks = self._chunks(self.marker, [picture], add_special=False)
         t = time.perf_counter()

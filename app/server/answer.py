@@ -135,7 +135,7 @@ async def chat_prompt(service: Service, settings: ServeSettings, chat: Chat) -> 
     text until the format's opening)."""
     tools = offered_tools(chat, service.supports_tools)
     forced = forced_tools(chat, tools)
-    pics = await pictures(chat, image_limits(settings), service.vision is not None)
+    pics = await pictures(chat.images, image_limits(settings), service.vision is not None)
     marker = service.vision.marker if service.vision is not None else ""
     ids, started = render_prompt(service, template_messages(chat, marker), tools, chat.thinking,
                                  chat.template_kwargs, pics)

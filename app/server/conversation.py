@@ -89,10 +89,9 @@ def forced_tools(chat: Chat, tools: list[dict]) -> list[dict] | None:
     return chosen
 
 
-async def pictures(chat: Chat, limits: ImageLimits, has_vision: bool) -> list[Picture]:
-    """The request's images decoded, in order (URLs fetched where allowed); a model without a
+async def pictures(images: list[ImageIn], limits: ImageLimits, has_vision: bool) -> list[Picture]:
+    """A request's images decoded, in order (URLs fetched where allowed); a model without a
     projector refuses the first, naming it."""
-    images = chat.images
     if images and not has_vision:
         raise ApiError(400, f"{images[0].where}: this model has no vision projector: serve it with --mmproj",
                        param=images[0].where, code="image_not_supported")

@@ -33,7 +33,7 @@ from app.server.core import (
     submit,
     timings,
 )
-from app.server.conversation import Chat, Message, image_limits, pictures
+from app.server.conversation import image_limits, pictures
 from app.server.errors import ApiError
 from app.server.images import from_base64
 from app.server.metrics import Metrics
@@ -174,7 +174,7 @@ async def _multimodal_tokens(service: Service, settings: ServeSettings, prompt: 
     """The prompt's ids with its images where its markers stand, and the images by key."""
     limits = image_limits(settings)
     images = [from_base64(d, f"prompt.multimodal_data.{i}") for i, d in enumerate(prompt.multimodal_data)]
-    got = await pictures(Chat([Message("user", images)], Sampling()), limits, service.vision is not None)
+    got = await pictures(images, limits, service.vision is not None)
     if not got:
         return service.tokenizer.encode(prompt.prompt_string), {}
     marker = service.vision.marker

@@ -320,7 +320,7 @@ async def _generate_tokens(service: Service, settings: ServeSettings, body: Gene
         ids = fim_tokens(tok, body.prompt, body.suffix, [])
     elif body.raw or not tok.chat_template:
         if images:  # the raw prompt after the images' markers
-            got = await pictures(Chat([Message("user", images)], sampling), image_limits(settings), service.vision is not None)
+            got = await pictures(images, image_limits(settings), service.vision is not None)
             text = service.vision.marker * len(got) + body.prompt
             ids = service.vision.tokenize(text, got, add_special=tok.add_bos and not body.context)
             pics = {p.key: p for p in got}
