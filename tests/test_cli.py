@@ -58,6 +58,7 @@ def test_truncated_gguf(tmp_path, tiny):
 
 @pytest.mark.parametrize("args, needle", [
     (["plan", "--parallel", "0"], "bad setting parallel"),
+    (["serve", "--parallel", "0"], "bad setting parallel"),  # read into the typed start request first
     (["verify", "--draft-max", "99"], "bad setting draft_max"),
     (["plan", "--vram", "abc"], "'abc' is not a size"),
 ])

@@ -12,7 +12,8 @@ from app.errors import DownloadError, SpecdeckError
 from app.gguf.info import ModelInfo, read_model_info
 from app.models.catalog import Catalog, load_catalog
 from app.models.fetch import Fetched, Fetcher
-from app.commands.start_request import Chosen, plan_request_of
+from app.commands.start_request import Chosen, fixed_plan, planned
+from app.commands.start_request import plan_request_of as plan_request_of  # the commands import it from here
 from app.gguf.projector import ProjectorInfo, read_projector
 from app.models.refs import ModelRef, Selection, resolve_ref, select, with_mmproj
 from app.plan.hardware import default_preset_reason, detect
@@ -164,5 +165,4 @@ def alert_settings(args: argparse.Namespace):
 def plan_request(args: argparse.Namespace, **more) -> PlanRequest:
     """A PlanRequest from the planner flags given (PlanRequest's own fields; `--cache-type` sets both
     K and V), plus what the command adds."""
-    values = {**given(args, PlanRequest), **{k: v for k, v in more.items() if v is not None}}
-    return plan_request_of(**values, ctx_is_user_choice=values.get("ctx") is not None)
+    return planned(fixed_plan(args), **more)

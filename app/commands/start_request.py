@@ -49,7 +49,7 @@ class UpOptions(BaseModel):
 def fixed_plan(args: argparse.Namespace) -> dict:
     """The planner's inputs the flags fixed (PlanRequest fields), as a revision records them."""
     asked = given(args, PlanRequest)
-    return PlanRequest(**asked).model_dump(mode="json", include=set(asked) - {"ctx_is_user_choice"})
+    return plan_request_of(**asked).model_dump(mode="json", include=set(asked) - {"ctx_is_user_choice"})
 
 
 class StartRequest(BaseModel):
@@ -72,10 +72,13 @@ class StartRequest(BaseModel):
                    max_tokens=getattr(args, "max_tokens", None))
 
     def plan_request(self, **more) -> PlanRequest:
-        """The planner's request: what the user fixed, plus what the command adds."""
-        values = {**PlanRequest(**self.plan).model_dump(include=set(self.plan)),
-                  **{k: v for k, v in more.items() if v is not None}}
-        return plan_request_of(**values, ctx_is_user_choice=values.get("ctx") is not None)
+        return planned(self.plan, **more)
+
+
+def planned(fixed: dict, **more) -> PlanRequest:
+    """The planner's request: what the user fixed (fixed_plan), plus what the command adds."""
+    values = {**PlanRequest(**fixed).model_dump(include=set(fixed)), **{k: v for k, v in more.items() if v is not None}}
+    return plan_request_of(**values, ctx_is_user_choice=values.get("ctx") is not None)
 
 
 def plan_request_of(**values) -> PlanRequest:
