@@ -79,8 +79,11 @@ class Tokenizer:
 
     def prompt_tokens(self, text: str) -> list[int]:
         """A rendered chat prompt's ids (BOS added where the model wants one and the template did not write it)."""
-        has_bos = self.add_bos and text.startswith(self.piece(self.bos))
-        return self.encode(text, add_special=self.add_bos and not has_bos)
+        return self.encode(text, add_special=self.wants_bos(text))
+
+    def wants_bos(self, text: str) -> bool:
+        """Does a rendered prompt need BOS added: the model wants one and the template did not write it?"""
+        return self.add_bos and not text.startswith(self.piece(self.bos))
 
     def markup_tokens(self, markup: tuple[str, ...]) -> set[int]:
         """Tokens that are one of these strings but render as nothing as plain text (control tokens such

@@ -98,12 +98,13 @@ def render_prompt(service: Service, messages: list[dict], tools: list[dict], thi
 
 
 def _tokens(service: Service, text: str, pictures: Sequence[Picture]) -> list[int]:
+    """The rendered prompt's ids; with pictures, through the projector (their media ids where the
+    markers stand)."""
     tok = service.tokenizer
     if not pictures:
         return tok.prompt_tokens(text)
-    has_bos = tok.add_bos and text.startswith(tok.piece(tok.bos))
     try:
-        return service.vision.tokenize(text, list(pictures), add_special=tok.add_bos and not has_bos)
+        return service.vision.tokenize(text, list(pictures), add_special=tok.wants_bos(text))
     except SpecdeckError as e:
         raise ApiError(400, e.message, code="invalid_image") from None
 

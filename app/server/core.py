@@ -342,7 +342,6 @@ class Service:
     details: dict = field(default_factory=dict)  # the target's GGUF facts (Ollama's tags / show)
     stats: LiveStats = field(default_factory=LiveStats)  # live figures for /v1/status and the dashboard
     embedder: Embedder | None = None  # the optional embedding model (/v1/embeddings, /api/embed)
-    vision: Projector | None = None  # the target's vision projector (None: images get a clear 400)
     alerts: AlertWatcher | None = None  # raised alerts for /v1/status, /metrics and the dashboard
     revision: int | None = None  # the configuration revision being served (specdeck config history)
     fallback: dict | None = None  # {"from": revision, "reason": ...} when it serves in place of a failed start
@@ -356,6 +355,11 @@ class Service:
         """Serve answers in this chat format (its markup shown in the text even where it is special tokens)."""
         self.chat = spec
         self.markup_ids = self.tokenizer.markup_tokens(spec.markup) if self.tokenizer is not None else set()
+
+    @property
+    def vision(self) -> Projector | None:
+        """The target's vision projector (None: images get a clear 400)."""
+        return self.scheduler.engine.vision if self.scheduler is not None else None
 
     @property
     def supports_tools(self) -> bool:

@@ -22,7 +22,6 @@ from app.errors import SpecdeckError
 from app.gguf.info import ModelInfo
 from app.ops.alerts import AlertSettings
 from app.ops.smoke import smoke_request
-from app.plan.planner import Plan
 from app.server import sdnotify
 from app.server.app import Service, create_app
 from app.server.keys import KeyStore
@@ -34,21 +33,16 @@ from app.server.watch import AlertWatcher
 log = logging.getLogger("specdeck.server")
 
 
-def build_service(plan: Plan, target: ModelInfo, draft: ModelInfo | None, model_id: str,
-                  start: Start | None = None) -> Service:
-    """A model's service with its whole identity (name, plan, files, and the start's revision, machine,
-    digests and fallback); it answers 503 until `go_live`."""
-    start = start or Start()
-    return Service(model_id=model_id, n_ctx=plan.ctx, speculative_default=True,
-                   plan=plan, models={"target": str(target.path),
-                                      "draft": str(draft.path) if draft else "mtp" if plan.mtp else None},
-                   details=model_details(target), revision=start.revision, machine=start.machine,
-                   digests=start.digests, fallback=start.fallback)
-
-
 def open_service(m: ModelStart, settings: ServeSettings, start: Start) -> tuple[Service, object]:
-    """The model's service and its app (keys read, SIGHUP re-reads them)."""
-    service = build_service(m.plan, m.target, m.draft, m.name, start)
+    """The model's service with its whole identity (name, plan, files, and the start's revision,
+    machine, digests and fallback) and its app (keys read, SIGHUP re-reads them); it answers 503
+    until `go_live`."""
+    plan = m.plan
+    service = Service(model_id=m.name, n_ctx=plan.ctx, speculative_default=True, plan=plan,
+                      models={"target": str(m.target.path),
+                              "draft": str(m.draft.path) if m.draft else "mtp" if plan.mtp else None},
+                      details=model_details(m.target), revision=start.revision, machine=start.machine,
+                      digests=start.digests, fallback=start.fallback)
     app = create_app(settings, service)
     reload_keys_on_hangup(app.state.keys)
     return service, app
@@ -86,7 +80,6 @@ def attach(service: Service, loaded: Loaded, settings: ServeSettings, on_done) -
 
     service.scheduler = Scheduler(loaded.engine, settings.max_queue, on_step=service.stats.step, on_done=done)
     service.tokenizer = loaded.tokenizer
-    service.vision = loaded.vision
     service.use_chat(chat_spec(loaded.tokenizer, settings.reasoning_format))
     service.thinking_default = False if settings.reasoning_budget == 0 else None
     service.n_ctx = loaded.target.n_ctx
