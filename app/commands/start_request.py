@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ValidationError
 
 from app.errors import SpecdeckError
 from app.ops.alerts import AlertSettings
@@ -53,8 +53,6 @@ def fixed_plan(args: argparse.Namespace) -> dict:
 
 
 class StartRequest(BaseModel):
-    model_config = ConfigDict(arbitrary_types_allowed=True)
-
     chosen: Chosen = Chosen()
     plan: dict = {}  # the planner's inputs the user fixed (PlanRequest fields; absent: the planner chooses)
     up: UpOptions = UpOptions()

@@ -141,24 +141,23 @@ async def chat_prompt(service: Service, settings: ServeSettings, chat: Chat) -> 
     ids, started = render_prompt(service, template_messages(chat, marker), tools, chat.thinking,
                                  chat.template_kwargs, pics)
     prompt = ChatPrompt(ids, tools, started, pictures={p.key: p for p in pics})
-    return _with_call_grammar(service, prompt, forced, chat.parallel, chat.tool_param)
+    return _with_call_grammar(service, prompt, forced, chat.parallel)
 
 
-def _with_call_grammar(service: Service, prompt: ChatPrompt, forced: list[dict] | None, parallel: bool,
-                       param: str) -> ChatPrompt:
+def _with_call_grammar(service: Service, prompt: ChatPrompt, forced: list[dict] | None, parallel: bool) -> ChatPrompt:
     tools, started = prompt.tools, prompt.started
     spec = service.chat
     if not tools or spec.tools is None or not spec.tools.opening:
         if forced:
             raise ApiError(400, "tool calls in this model's chat format are not parsed, so a call cannot be "
-                                "required: send tool_choice auto", param=param)
+                                "required: send tool_choice auto", param="tool_choice")
         return prompt
     try:
         g = call_grammar(spec, forced or tools, forced=bool(forced), parallel=parallel, started=started)
         service.check_grammar(g.gbnf, g.triggers)
     except SpecdeckError as e:
         if forced:
-            raise ApiError(400, e.message, param=param) from None
+            raise ApiError(400, e.message, param="tool_choice") from None
         return prompt  # no lazy grammar for these tools: calls are still parsed, just not constrained
     prompt.grammar, prompt.triggers = g.gbnf, g.triggers
     return prompt

@@ -55,7 +55,6 @@ class Chat:
     parallel: bool = True
     thinking: bool | None = None
     template_kwargs: dict | None = None
-    tool_param: str = "tool_choice"  # what a bad tool choice's error names (the API's own field)
 
     @property
     def images(self) -> list[ImageIn]:
@@ -85,7 +84,7 @@ def forced_tools(chat: Chat, tools: list[dict]) -> list[dict] | None:
         return tools
     chosen = [t for t in tools if t["name"] == choice.name]
     if not chosen:
-        raise ApiError(400, f"tool_choice names {choice.name!r}, which is not among the tools", param=chat.tool_param)
+        raise ApiError(400, f"tool_choice names {choice.name!r}, which is not among the tools", param="tool_choice")
     return chosen
 
 
