@@ -81,7 +81,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         target_path = f32_standin(target_path, fetcher.paths.store, fetcher.records, threads(args.threads, hw), say=console.print)
     target = read_model_info(target_path)
     draft = read_model_info(local_path(fetcher, sel.draft)) if sel.draft else None
-    vision = projector(fetcher, sel, need=True)
+    vision = projector(fetcher, sel, target, need=True)
     plan = make_plan(target, draft, plan_request_of(ctx=args.ctx, ctx_is_user_choice=True, parallel=1, draft_max=16), hw, args.ctx,
                      mtp=sel.mtp, projector=vision)
     # the adaptive modes verify up to ADAPTIVE_N_MAX drafted tokens: the target's logits rows for them

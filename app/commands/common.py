@@ -14,7 +14,7 @@ from app.models.catalog import Catalog, load_catalog
 from app.models.fetch import Fetched, Fetcher
 from app.commands.start_request import Chosen, fixed_plan, planned
 from app.commands.start_request import plan_request_of as plan_request_of  # the commands import it from here
-from app.gguf.projector import ProjectorInfo, read_projector
+from app.gguf.projector import ProjectorInfo, fits, read_projector
 from app.models.refs import ModelRef, Selection, resolve_ref, select, with_mmproj
 from app.plan.hardware import default_preset_reason, detect
 from app.plan.planner import PlanRequest
@@ -97,13 +97,22 @@ def model_info(fetcher: Fetcher, ref: ModelRef) -> ModelInfo:
     return info
 
 
-def projector(fetcher: Fetcher, sel: Selection, need: bool = False) -> ProjectorInfo | None:
-    """The selection's vision projector header (None without one). One not on disk: an error where
-    it is needed (serving it), else None with a line saying the plan leaves it out."""
+def fitting_projector(path: Path, target: ModelInfo) -> ProjectorInfo:
+    """A projector file's header, refused in one line where it does not fit the target."""
+    info = read_projector(path)
+    if why := fits(info, target.n_embd):
+        raise SpecdeckError(f"--mmproj: {why}", hint="name the projector made for this model, or --no-mmproj")
+    return info
+
+
+def projector(fetcher: Fetcher, sel: Selection, target: ModelInfo, need: bool = False) -> ProjectorInfo | None:
+    """The selection's vision projector header (None without one), refused in one line where it does
+    not fit the target. One not on disk: an error where it is needed (loading it), else None with a
+    line saying the plan leaves it out."""
     if sel.mmproj is None:
         return None
     try:
-        return read_projector(local_path(fetcher, sel.mmproj))
+        return fitting_projector(local_path(fetcher, sel.mmproj), target)
     except DownloadError:
         if need:
             raise

@@ -364,7 +364,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     fetcher = make_fetcher(offline=True)
     target = read_model_info(local_path(fetcher, sel.target))
     draft = read_model_info(local_path(fetcher, sel.draft)) if sel.draft else None
-    vision = projector(fetcher, sel, need=True)
+    vision = projector(fetcher, sel, target, need=True)
     if any(item.get("images") for item in prompts) and vision is None:
         raise SpecdeckError("the prompts have images: name the target's vision projector with --mmproj")
     hw = detect()

@@ -26,7 +26,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     target = model_info(fetcher, sel.target)
     draft = model_info(fetcher, sel.draft) if sel.draft else None
     req = plan_request(args)
-    plan = make_plan(target, draft, req, detect(), sel.context, mtp=sel.mtp, projector=projector(fetcher, sel))
+    plan = make_plan(target, draft, req, detect(), sel.context, mtp=sel.mtp, projector=projector(fetcher, sel, target))
     if args.json:
         out.print_json(json.dumps(plan.to_json()))
     else:

@@ -10,6 +10,7 @@ from pathlib import Path
 from app.commands.check import require_compatible
 from app.commands.common import (
     catalog_of,
+    fitting_projector,
     chat_template,
     console,
     local_path,
@@ -21,7 +22,6 @@ from app.commands.common import (
 from app.commands.start_request import Chosen, StartRequest
 from app.errors import SpecdeckError
 from app.gguf.info import ModelInfo, read_model_info
-from app.gguf.projector import fits, read_projector
 from app.models.refs import Selection
 from app.plan.hardware import Hardware, detect
 from app.plan.planner import Plan, make_plan
@@ -69,9 +69,7 @@ def model_start(sel: Selection, files: dict[str, Path], req: StartRequest, hw: H
     if draft is not None:
         require_compatible(target, draft)
     embedder = read_model_info(files["embedding"]) if "embedding" in files else None
-    vision = read_projector(files["mmproj"]) if "mmproj" in files else None
-    if vision is not None and (why := fits(vision, target.n_embd)):
-        raise SpecdeckError(f"--mmproj: {why}", hint="name the projector made for this model, or serve with --no-mmproj")
+    vision = fitting_projector(files["mmproj"], target) if "mmproj" in files else None
     plan = make_plan(target, draft, req.plan_request(draft_max=settings.draft_max), hw, sel.context, embedder,
                      mtp=sel.mtp and settings.speculative, projector=vision)
     return ModelStart(sel.name, plan, target, draft, embedder, chat_template(settings.chat_template_file, sel),

@@ -75,6 +75,9 @@ def read_projector(path: str | os.PathLike[str]) -> ProjectorInfo:
     meta = header.metadata
     if meta.get("general.architecture") != "clip":
         raise GGUFError(f"{path.name}: not a vision projector (architecture {meta.get('general.architecture')!r}, not clip)")
+    need = header.data_offset + max((t.offset + t.n_bytes for t in header.tensors), default=0)
+    if need > path.stat().st_size:
+        raise GGUFError(f"{path.name}: truncated: its tensors need {need:,} bytes, the file has {path.stat().st_size:,}")
     kind = str(meta.get("clip.vision.projector_type") or meta.get("clip.projector_type") or "")
     v = lambda k, d=0: meta.get(f"clip.vision.{k}", d)  # noqa: E731
     out = int(v("projection_dim", 0)) or _out_width(header)

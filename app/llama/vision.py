@@ -34,8 +34,9 @@ class Projector:
         self.path = path
         self.ctx = M.mtmd_init_from_file(str(path).encode(), model.ptr, p)
         if not self.ctx:
-            raise SpecdeckError(f"{path.name}: llama.cpp could not load this vision projector for {model.path.name} "
-                                "(see the log above: a projector made for another model has another width)")
+            raise SpecdeckError(f"{path.name}: llama.cpp could not load this vision projector for {model.path.name}",
+                                hint="`specdeck check --mmproj FILE` says whether it fits the model; "
+                                     "SPECDECK_LLAMA_LOG=1 shows llama.cpp's own reason")
         if not M.mtmd_support_vision(self.ctx):
             self.close()
             raise SpecdeckError(f"{path.name}: this projector has no vision encoder (an audio projector?)")
