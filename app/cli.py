@@ -51,6 +51,9 @@ def _add_serve_flags(p: argparse.ArgumentParser) -> None:
     """What serve, up and doctor share: ServeSettings' flags, the key file, the config, the planner's inputs."""
     add_flags(p, ServeSettings)
     p.add_argument("--config", help="TOML config file (default: ~/.config/specdeck/config.toml if present)")
+    p.add_argument("--model", action="append", metavar="NAME=PRESET|FILE",
+                   help="serve this model under NAME beside the others named so (repeatable; a request's `model` "
+                        "picks one; the config's [models.NAME] section holds its draft, context, slots and options)")
     _add_plan_overrides(p, draft_max=False)  # --draft-max is ServeSettings' (config and SPECDECK_DRAFT_MAX apply)
     p.add_argument("--embedding-model", help="serve /v1/embeddings and /api/embed from this model (catalogue name, "
                                              "hf:// URI or GGUF path; default: the preset's, if it names one)")
@@ -99,7 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("plan", help="size context, KV cache types, offload and slots to fit the memory budget")
     _add_selection(p)
-    add_flags(p, PlanRequest, ("device", "vram", "ram", "n_ubatch", "reserve", "margin"))
+    add_flags(p, PlanRequest, ("device", "n_ubatch", "reserve", "margin"))
     _add_plan_overrides(p)
     p.add_argument("--json", action="store_true", help="print the plan as one JSON object")
     p.add_argument("--offline", action="store_true", help="plan only from files on disk (never read a header from the hub)")

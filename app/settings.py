@@ -99,7 +99,8 @@ def hub_settings() -> HubSettings:
 #   {"flag": "--cors-origin"}  the flag's name;          {"flag": False}  never a flag (a secret);
 #   {"negate": True}           a bool field's --no-... flag, which sets it False;
 #   {"only": True}             a flag only where a command names the field (plan's budget inputs);
-#   {"size": True}             the flag takes a size as users write it (24GiB, 512MiB).
+#   {"size": True}             the flag takes a size as users write it (24GiB, 512MiB);
+#   {"duration": True}         the flag takes a duration (300, 90s, 5m, 1h30m).
 
 def _extra(field) -> dict:
     return field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
@@ -138,14 +139,14 @@ def add_flags(parser: argparse.ArgumentParser, model: type[BaseModel], names: Se
     all of `flag_fields(model)` when no names are given). A flag not given leaves None, so the
     config file, the environment and the field's default apply (see `given`), unless `defaults` gives
     this command's own default for it."""
-    from app.units import parse_size
+    from app.units import parse_duration, parse_size
 
     defaults = defaults or {}
     for name in flag_fields(model) if names is None else names:
         field = model.model_fields[name]
         extra = _extra(field)
         flag = str(extra.get("flag") or "--" + (prefix + "_" + name if prefix else name).replace("_", "-"))
-        kind = parse_size if extra.get("size") else _flag_type(field.annotation)
+        kind = parse_size if extra.get("size") else parse_duration if extra.get("duration") else _flag_type(field.annotation)
         default = defaults.get(name, field.get_default(call_default_factory=False))
         unset = default is PydanticUndefined or default in (None, [], False)
         shown = "" if unset or kind is bool else f" (default {default})"

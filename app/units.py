@@ -1,4 +1,4 @@
-"""Byte sizes as users write them: 24GiB, 24G, 23.5GB, 512MiB, 1e9."""
+"""Byte sizes as users write them (24GiB, 24G, 23.5GB, 512MiB, 1e9), and durations (5m, 1h30m, 90)."""
 
 from __future__ import annotations
 
@@ -31,3 +31,23 @@ def parse_size(text: str) -> int:
 
 def fmt_gib(n: int) -> str:
     return f"{n / 1024**3:.2f} GiB"
+
+
+_DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+_DURATION_PART = re.compile(r"([0-9]*\.?[0-9]+)(ms|s|m|h)")
+
+
+def parse_duration(text: str) -> float:
+    """Seconds, from a number of seconds or Go's duration form as Ollama's keep_alive takes it
+    (5m, 1h30m, 90s, 500ms). A negative value is returned as it is (keep_alive: forever)."""
+    t = str(text).strip().lower()
+    sign = -1.0 if t.startswith("-") else 1.0
+    body = t.lstrip("+-")
+    try:
+        return sign * float(body)
+    except ValueError:
+        pass
+    parts = _DURATION_PART.findall(body)
+    if not body or not parts or "".join(n + u for n, u in parts) != body:
+        raise SpecdeckError(f"'{text}' is not a duration", hint="write it like 300, 90s, 5m or 1h30m")
+    return sign * sum(float(n) * _DURATION_UNITS[u] for n, u in parts)

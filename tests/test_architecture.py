@@ -158,6 +158,7 @@ NOT_SETTINGS = {
     "name": "the selection: which preset or model is meant (a reference the catalogue resolves)",
     "target": "the selection", "draft": "the selection", "embedding_model": "the selection",
     "mmproj": "the selection (the target's vision projector)", "no_mmproj": "the selection",
+    "model": "the selection: one of several models, by name (its options are the config's [models.NAME] section)",
     "config": "the file settings are read from, not a setting in it",
     "fallback": "how this one start behaves if it fails; not part of the configuration a revision records",
     "json": "the output's format", "offline": "where this run may take models from",

@@ -177,7 +177,7 @@ def test_limits_rotation_under_load_and_the_access_log(tmp_path, tiny):
         assert r.status_code == 429 and 50 <= int(r.headers["retry-after"]) <= 60, r.headers
         assert _complete(url, SECRETS["old"]).status_code == 200  # other keys are not held back
         metrics = httpx.get(f"{url}/metrics", headers={"Authorization": f"Bearer {SECRETS['old']}"}).text
-        assert 'specdeck_key_limited_total{key="limited"} 1.0' in metrics and 'key="tok"} 1.0' in metrics
+        assert 'specdeck_key_limited_total{key="limited",model="custom"} 1.0' in metrics and 'key="tok",model="custom"} 1.0' in metrics
         assert _complete(url, "sk-wrong-000").status_code == 401
 
         # rotation under load: add the new key, HUP, move the clients, remove the old key, HUP

@@ -163,7 +163,7 @@ def test_a_client_gone_mid_prompt_frees_its_slot_at_the_next_chunk_and_its_retry
     assert retry["usage"]["prompt_tokens"] == seen["total"]
 
     def counted(text: str, name: str) -> float:
-        return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name + " "))
+        return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith((name + " ", name + "{")))
 
     metrics = httpx.get(server.url + "/metrics").text
     assert counted(metrics, "specdeck_client_gone_total") == counted(metrics_before, "specdeck_client_gone_total") + 1

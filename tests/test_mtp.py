@@ -338,8 +338,8 @@ def test_serve_draft_mtp_answers_with_head_drafts_and_a_target_without_one_is_re
         assert 0 <= slot["recent_head_acceptance"] <= 1 and slot["recent_head_drafted"] > 0, slot
         assert slot["recent_tokens_per_decode"] >= 1, slot
         metrics = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=30).text
-        assert 'specdeck_slot_mtp_head_acceptance{slot="0"}' in metrics, metrics
-        assert 'specdeck_slot_tokens_per_decode{slot="0"}' in metrics, metrics
+        assert 'specdeck_slot_mtp_head_acceptance{model="custom",slot="0"}' in metrics, metrics
+        assert 'specdeck_slot_tokens_per_decode{model="custom",slot="0"}' in metrics, metrics
     finally:
         assert s.stop() == 0, s.output
     assert "Traceback" not in s.output

@@ -183,7 +183,7 @@ def test_the_proxy_passes_each_event_as_it_comes(certificate, nginx_binary, tmp_
 
 def completions_served(port: int) -> int:
     text = httpx.get(f"http://127.0.0.1:{port}/metrics", headers={"Authorization": f"Bearer {KEYS['alice']}"}).text
-    m = re.search(r'specdeck_requests_total\{route="/v1/completions",status="200"\} (\d+)', text)
+    m = re.search(r'specdeck_requests_total\{model="[^"]+",route="/v1/completions",status="200"\} (\d+)', text)
     return int(m.group(1)) if m else 0
 
 

@@ -6,6 +6,7 @@ good revision uses. Real `specdeck serve` processes on the tiny models."""
 from __future__ import annotations
 
 import json
+import re
 import logging
 import os
 import signal
@@ -189,7 +190,8 @@ def test_alerts_on_the_real_server_error_rate_and_queue_saturation(tiny):
             assert httpx.post(f"{url}/v1/chat/completions", content=b"{not json").status_code == 400
         assert wait_for(lambda: "error_rate_high" in active(), 10), status()["alerts"]
         metrics = httpx.get(f"{url}/metrics").text
-        assert 'specdeck_alert{name="error_rate_high"} 1.0' in metrics and "specdeck_queue_limit 1.0" in metrics
+        assert 'specdeck_alert{model="custom",name="error_rate_high"} 1.0' in metrics
+        assert 'specdeck_queue_limit{model="custom"} 1.0' in metrics
         assert wait_for(lambda: "error_rate_high" not in active(), 15)  # the window moved past them
 
         def long_request(_):
@@ -258,7 +260,7 @@ def test_failed_starts_exit_and_with_fallback_start_the_last_good_revision_of_th
                 status = httpx.get(f"http://127.0.0.1:{port}/v1/status").json()
                 assert status["revision"] == 1 and status["fallback"]["from"] == n, status
                 metrics = httpx.get(f"http://127.0.0.1:{port}/metrics").text
-                assert "specdeck_fallback_active 1.0" in metrics
+                assert re.search(r'specdeck_fallback_active\{model="[^"]+"\} 1\.0', metrics), metrics
             finally:
                 assert s.stop() == 0, s.output
             assert "Traceback" not in s.output

@@ -113,8 +113,9 @@ def test_prompts_in_turn_are_each_served_from_cache(tiny_server):
         r = httpx.post(url, json=body, timeout=60).json()
         assert r["timings"]["prompt_cached"] >= r["usage"]["prompt_tokens"] - 1, r["timings"]
     metrics = httpx.get(tiny_server.url + "/metrics").text
-    held = {line.split()[0]: float(line.split()[1]) for line in metrics.splitlines()
+    held = {line.split("{")[0]: float(line.split()[1]) for line in metrics.splitlines()
             if line.startswith("specdeck_prompt_cache_host")}
+    assert 'specdeck_prompt_cache_host_prompts{model="tiny"}' in metrics  # each sample names its model
     assert held["specdeck_prompt_cache_host_prompts"] >= 2 and held["specdeck_prompt_cache_host_bytes"] > 0, held
 
 

@@ -166,6 +166,8 @@ def render(snap: dict) -> RenderableType:
     g.add_column(style="bold cyan", no_wrap=True, width=9)
     g.add_column(no_wrap=True, overflow="ellipsis", max_width=68)
 
+    for i, line in enumerate(fleet_lines(snap)):
+        g.add_row("models" if i == 0 else "", line)
     models = snap.get("models") or {}
     g.add_row("target", _name(models.get("target")))
     draft = models.get("draft")
@@ -227,6 +229,24 @@ def render(snap: dict) -> RenderableType:
     return Panel(g, title=title, title_align="left", subtitle=sub, subtitle_align="right")
 
 
+def fleet_lines(snap: dict) -> list[str]:
+    """Each model's state where a server serves several (the one shown below first, marked)."""
+    fleet = snap.get("fleet") or []
+    if len(fleet) < 2:
+        return []
+    out = []
+    for m in fleet:
+        state = m.get("state", "?")
+        color = {"loaded": "green", "loading": "yellow", "unloading": "yellow"}.get(state.split()[0], "dim")
+        busy = f" · {m['busy']} busy" if m.get("busy") else ""
+        idle = f" · idle {_duration(m['idle_for'])}" if m.get("idle_for") is not None else ""
+        ends = f" · unloads in {_duration(m['expires_in'])}" if m.get("expires_in") is not None else ""
+        failed = f" · [red]last load failed: {escape(str(m['error']))[:60]}[/]" if m.get("error") else ""
+        mark = " ◀" if m.get("name") == snap.get("model") else ""
+        out.append(f"[bold]{escape(m.get('name', '?'))}[/]{mark} [{color}]{escape(state)}[/]{busy}{idle}{ends}{failed}")
+    return out
+
+
 def log_line(snap: dict) -> str:
     """The dashboard in one line, for logs (stdout not a terminal)."""
     if "plan" not in snap:
@@ -243,6 +263,9 @@ def log_line(snap: dict) -> str:
         f"tokens_out {int(tot.get('completion_tokens', 0))}",
         f"cpu% {_f((snap.get('host') or {}).get('cpu_percent'), '{:.0f}')}",
     ]
+    fleet = snap.get("fleet") or []
+    if len(fleet) > 1:
+        parts.append("models " + ",".join(f"{m.get('name')}:{str(m.get('state', '?')).split()[0]}" for m in fleet))
     raised = [a["name"] for a in snap.get("alerts") or [] if a.get("active")]
     if raised:
         parts.append("ALERTS " + ",".join(raised))

@@ -18,7 +18,7 @@ import socket
 import stat
 import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
 
@@ -43,7 +43,7 @@ from app.plan.planner import Plan
 Status = Literal["ok", "warn", "fail"]
 MARKS = {"ok": "✓", "warn": "!", "fail": "✗"}
 GiB = 1024**3
-ORDER = ("gpu", "build", "smoke decode", "ram", "disk", "models", "pair", "plan", "port", "exposure", "key file",
+ORDER = ("gpu", "build", "smoke decode", "ram", "disk", "models", "pair", "plan", "together", "port", "exposure", "key file",
          "config", "directories", "container")
 DISK_FACTOR = 1.5  # free disk wanted for models not pulled yet: the files plus room for the partial and staging
 
@@ -219,7 +219,8 @@ def check_plan(make: Callable[[], Plan], wanted: int | None) -> Check:
         return Check("plan", "fail", e.message, e.hint or "free GPU memory, or pick a smaller preset")
     ctx = plan.ctx
     data = {"ctx": ctx, "ctx_wanted": wanted, "used": plan.used, "budget": plan.budget, "device": plan.device,
-            "parallel": plan.parallel}
+            "parallel": plan.parallel, "shared": sum(t.bytes for t in plan.terms if t.where == "device"
+                                                     and t.name in ("runtime reserve", "safety margin"))}
     line = f"{plan.device}: context {ctx:,}, {plan.parallel} slot(s), {_gib(plan.used)} of {_gib(plan.budget)}"
     if wanted and ctx < wanted:
         return Check("plan", "warn", f"the preset's {wanted:,} tokens do not fit the memory free now; {line} is the largest that does",
@@ -407,10 +408,35 @@ def model_checks(subject: Subject, hw: Hardware) -> list[Check]:
     return checks + [plan, check_ram(hw, plan.data["used"] if plan.data.get("device") == "cpu" else None)]
 
 
-def run_all(subject: Subject, hw: Hardware) -> list[Check]:
-    """The whole list, in the order a person reads it: the build, the machine, the models, the service."""
-    checks = machine_checks(subject, hw) + model_checks(subject, hw)
-    return sorted(checks, key=lambda c: ORDER.index(c.name) if c.name in ORDER else len(ORDER))
+def run_all(subject: Subject, hw: Hardware, models: list[tuple[str, Subject]] | None = None) -> list[Check]:
+    """The whole list, in the order a person reads it: the build, the machine, the models, the
+    service. Several models (`models`: by name): each one's model checks, named for it, and
+    whether they fit together."""
+    checks = machine_checks(subject, hw)
+    if not models:
+        checks += model_checks(subject, hw)
+    else:
+        for name, one in models:
+            checks += [replace(c, name=f"{c.name} ({name})") for c in model_checks(one, hw)]
+        checks.append(check_together([c for c in checks if c.name.startswith("plan (") and c.data]))
+    return sorted(checks, key=lambda c: ORDER.index(c.name.split(" (")[0]) if c.name.split(" (")[0] in ORDER else len(ORDER))
+
+
+def check_together(plans: list[Check]) -> Check:
+    """Whether the models' plans fit the budget together (the reserve and margin counted once), or
+    are loaded in turns."""
+    if not plans:
+        return Check("together", "warn", "no model could be planned")
+    budget = min(c.data["budget"] for c in plans)
+    shared = max(c.data.get("shared", 0) for c in plans)
+    sizes = {c.name[len("plan ("):-1]: c.data["used"] - c.data.get("shared", 0) for c in plans}
+    need = shared + sum(sizes.values())
+    if need <= budget:
+        return Check("together", "ok", f"all {len(sizes)} fit together: {_gib(need)} of {_gib(budget)}",
+                     data={"need": need, "budget": budget})
+    return Check("together", "warn", f"they do not fit together ({_gib(need)} of {_gib(budget)}): loaded in turns "
+                 "as requests ask for them", "lower a model's ctx or parallel in its [models.NAME] section to keep "
+                 "them loaded together", data={"need": need, "budget": budget})
 
 
 def doctor_subject(req: StartRequest, fetcher: Fetcher) -> Subject:
@@ -421,6 +447,17 @@ def doctor_subject(req: StartRequest, fetcher: Fetcher) -> Subject:
                    req.plan_request())
 
 
+def doctor_subjects(req: StartRequest, fetcher: Fetcher) -> list[tuple[str, Subject]]:
+    """Each of several models' subject, by name (none with one model)."""
+    from app.commands.start_request import served
+
+    settings = req.settings
+    return [(named.name, Subject(selection_of(named.chosen, catalog_of(named.chosen.models)), fetcher, settings.host,
+                                 settings.port, bool(settings.api_key or settings.api_key_file), settings.api_key_file,
+                                 req.config, req.config_given, req.model_plan_request(named)))
+            for named in served(req)] if req.models else []
+
+
 # -- the command -------------------------------------------------------------------------------
 
 def cmd_doctor(args: argparse.Namespace) -> int:
@@ -429,8 +466,14 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         settings = serve_settings(args, check=False)
     except SpecdeckError:  # a config file that does not parse has its own check; bad flags still stop here
         settings = serve_settings(args, check=False, use_config=False)
-    subject = doctor_subject(StartRequest.of(args, settings, config=config_path(args)), make_fetcher(args.offline))
-    checks = run_all(subject, detect())
+    try:
+        req = StartRequest.of(args, settings, config=config_path(args))
+    except SpecdeckError:  # a config file that does not parse: its own check says so (its models are not read)
+        req = StartRequest.of(args, settings).model_copy(update={"config": config_path(args)})
+    fetcher = make_fetcher(args.offline)
+    models = doctor_subjects(req, fetcher)
+    subject = models[0][1] if models else doctor_subject(req, fetcher)
+    checks = run_all(subject, detect(), models)
     bad = failed(checks)
     if args.json:
         out.print_json(json.dumps({"ok": not bad, "checks": [c.to_json() for c in checks]}))

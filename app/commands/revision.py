@@ -22,7 +22,7 @@ from rich.table import Table
 
 from app.commands.common import alert_settings, config_path, console, out, serve_settings
 from app.commands.serve import check_pins, model_record, serve_once, server_logging
-from app.commands.start_request import Chosen, StartRequest, UpOptions, fixed_plan
+from app.commands.start_request import Chosen, NamedModel, StartRequest, UpOptions, fixed_plan
 from app.commands.up import up_once
 from app.errors import SpecdeckError
 from app.ops.alerts import AlertSettings
@@ -44,10 +44,11 @@ class StartRecord(BaseModel):
     chosen: Chosen = Chosen()
     plan: dict = {}  # the planner's inputs the user fixed (PlanRequest fields; None: the planner chooses)
     up: UpOptions | None = None
+    models: list[NamedModel] = []  # several models by name: the set a rollback starts again
 
     @classmethod
     def of(cls, req: StartRequest, command: str) -> StartRecord:
-        return cls(chosen=req.chosen, plan=req.plan, up=req.up if command == "up" else None)
+        return cls(chosen=req.chosen, plan=req.plan, up=req.up if command == "up" else None, models=req.models)
 
     @classmethod
     def load(cls, data: dict, command: str) -> StartRecord:
@@ -61,7 +62,7 @@ class StartRecord(BaseModel):
     def request(self, settings: ServeSettings, alerts: AlertSettings) -> StartRequest:
         """The start this record makes again."""
         return StartRequest(chosen=self.chosen, plan=self.plan, up=self.up or UpOptions(), settings=settings,
-                            alerts=alerts)
+                            alerts=alerts, models=self.models)
 
 
 def store() -> RevisionStore:
@@ -95,11 +96,11 @@ def baseline_acceptance(name: str) -> float | None:
 def _start(rev: Revision, req: StartRequest, failed: Revision | None = None, reason: str | None = None) -> int:
     """Start revision `rev`; once healthy and smoked it is marked good and recorded as serving (with
     the failed revision it stands in for, if it is a fallback)."""
-    from app.server.serve import Start
+    from app.server.model_start import Start
 
     st = store()
     if req.settings.pins:  # the files as they are now (a rollback's too) against the config's pins
-        check_pins(model_record(req.chosen, req.settings)[1], req.settings.pins)
+        check_pins(model_record(req)[1], req.settings.pins)
     st.started(rev)
     status_line = f"fallback from revision {failed.number}: {reason}" if failed is not None else ""
 
@@ -122,7 +123,7 @@ def run_revisioned(args: argparse.Namespace, command: str) -> int:
     req = StartRequest.of(args, serve_settings(args), alert_settings(args), config_path(args))
     fallback = bool(getattr(args, "fallback", False))
     st = store()
-    name, models = model_record(req.chosen, req.settings)
+    name, models = model_record(req)
     record = StartRecord.of(req, command).model_dump(mode="json")
     rev = st.record(command, record, settings_json(req.settings, req.alerts), models, name)
     good_before = rev.good_at

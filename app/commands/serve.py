@@ -19,7 +19,7 @@ from app.commands.common import (
     selection_of,
     threads,
 )
-from app.commands.start_request import Chosen, StartRequest
+from app.commands.start_request import Chosen, NamedModel, StartRequest, served
 from app.errors import SpecdeckError
 from app.gguf.info import ModelInfo, read_model_info
 from app.models.refs import Selection
@@ -47,33 +47,39 @@ def machine_facts(hw: Hardware) -> dict:
 
 
 def resolve(req: StartRequest, quiet: bool = False) -> Resolved:
-    """The models on disk (read and paired), the hardware and the plan: what `serve` runs."""
-    catalog = catalog_of(req.chosen.models)
-    sel = selection_of(req.chosen, catalog)
-    fetcher = make_fetcher(offline=True)
-    files = {role: local_path(fetcher, ref) for role, ref in roles_of(sel, req.chosen, req.settings.speculative, catalog)}
+    """The models on disk (read and paired), the hardware and the plans: what `serve` runs."""
     hw = detect()
-    m = model_start(sel, files, req, hw)
-    if not quiet:
-        for w in m.plan.warnings:
-            console.print(f"[yellow]warning:[/] {w}")
-    return Resolved(m, hw)
+    fetcher = make_fetcher(offline=True)
+    starts = []
+    for named in served(req):
+        catalog = catalog_of(named.chosen.models)
+        sel = selection_of(named.chosen, catalog)
+        files = {role: local_path(fetcher, ref) for role, ref in roles_of(sel, named.chosen, req.settings.speculative, catalog)}
+        m = model_start(sel, files, req, hw, named)
+        if not quiet:
+            for w in m.plan.warnings:
+                console.print(f"[yellow]warning:[/] {(m.name + ': ') if req.models else ''}{w}")
+        starts.append(m)
+    return Resolved(tuple(starts), hw)
 
 
-def model_start(sel: Selection, files: dict[str, Path], req: StartRequest, hw: Hardware) -> ModelStart:
+def model_start(sel: Selection, files: dict[str, Path], req: StartRequest, hw: Hardware,
+                named: NamedModel | None = None) -> ModelStart:
     """A selection's files (by role, see roles_of) read, paired and planned: the one place a start
     turns model files into what it serves (`serve`, `up`, `validate`'s own server)."""
     settings = req.settings
+    named = named or NamedModel(name="", chosen=req.chosen, aliases=settings.model_aliases)
     target = read_model_info(files["target"])
     draft = read_model_info(files["draft"]) if "draft" in files else None
     if draft is not None:
         require_compatible(target, draft)
     embedder = read_model_info(files["embedding"]) if "embedding" in files else None
     vision = fitting_projector(files["mmproj"], target) if "mmproj" in files else None
-    plan = make_plan(target, draft, req.plan_request(draft_max=settings.draft_max), hw, sel.context, embedder,
-                     mtp=sel.mtp and settings.speculative, projector=vision)
-    return ModelStart(sel.name, plan, target, draft, embedder, chat_template(settings.chat_template_file, sel),
-                      files.get("mmproj"))
+    asked = req.model_plan_request(named, draft_max=settings.draft_max)
+    plan = make_plan(target, draft, asked, hw, sel.context, embedder, mtp=sel.mtp and settings.speculative, projector=vision)
+    return ModelStart(named.name or sel.name, plan, target, draft, embedder, chat_template(settings.chat_template_file, sel),
+                      files.get("mmproj"), tuple(named.aliases),
+                      named.unload_after if named.unload_after is not None else settings.unload_after)
 
 
 def serve_once(req: StartRequest, start) -> int:
@@ -82,13 +88,28 @@ def serve_once(req: StartRequest, start) -> int:
 
     settings = req.settings
     r = resolve(req)
-    m = r.model
     start.machine = machine_facts(r.hw)
-    console.print(f"serving {m.name} on {settings.scheme}://{settings.host}:{settings.port} (context {m.plan.ctx:,}, "
-                  f"{m.plan.parallel} slots, speculation {speculation_label(settings.speculative, m.draft, m.plan)}"
-                  + (f", images through {m.mmproj.name}" if m.mmproj else "")
-                  + (f", revision {start.revision}" if start.revision else "") + ")")
-    return serve(settings, m, threads(settings.threads, r.hw), start)
+    rev = f", revision {start.revision}" if start.revision else ""
+    if len(r.models) == 1:
+        m = r.model
+        console.print(f"serving {m.name} on {settings.scheme}://{settings.host}:{settings.port} ({model_facts(m, settings)}{rev})")
+    else:
+        console.print(f"serving {len(r.models)} models on {settings.scheme}://{settings.host}:{settings.port}{rev}:")
+        for m in r.models:
+            console.print(f"  {model_line(m, settings)}")
+    return serve(settings, r.models, threads(settings.threads, r.hw), start)
+
+
+def model_line(m: ModelStart, settings: ServeSettings) -> str:
+    from app.server.fleet import footprint
+
+    return f"{m.name} ({model_facts(m, settings)}, {footprint(m) / 2**30:.2f} GiB)"
+
+
+def model_facts(m: ModelStart, settings: ServeSettings) -> str:
+    return (f"context {m.plan.ctx:,}, {m.plan.parallel} slots, "
+            f"speculation {speculation_label(settings.speculative, m.draft, m.plan)}"
+            + (f", images through {m.mmproj.name}" if m.mmproj else ""))
 
 
 def speculation_label(speculative: bool, draft: ModelInfo | None, plan: Plan) -> str:
@@ -99,38 +120,38 @@ def speculation_label(speculative: bool, draft: ModelInfo | None, plan: Plan) ->
 
 @contextlib.contextmanager
 def local_server(req: StartRequest):
-    """The selection served in this process on a free loopback port (for `validate` without --url);
-    yields its URL once it has loaded and answers."""
+    """The selection served in this process on a free loopback port (for `validate` without --url),
+    started as `serve` starts; yields its URL once it has loaded."""
     import socket
 
-    from app.server.serve import HttpThread, Start, go_live, load_model, open_service, shutdown
+    from app.server.model_start import Start
+    from app.server.serve import HttpThread, close_fleet, load_at_start, open_fleet
 
     settings = req.settings
     r = resolve(req)
-    m, n_threads = r.model, threads(settings.threads, r.hw)
+    n_threads = threads(settings.threads, r.hw)
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     settings = settings.model_copy(update={"host": "127.0.0.1", "port": sock.getsockname()[1]})
-    loaded = None
-    service = None
-    http = None
+    fleet = http = None
     try:
-        with console.status(f"loading {m.name}…") if console.is_terminal else contextlib.nullcontext():
-            loaded = load_model(m, n_threads, settings)
         start = Start(machine=machine_facts(r.hw),
-                      digests={role: f.get("sha256") for role, f in model_record(req.chosen, settings)[1].items()})
-        service, app = open_service(m, settings, start)
-        go_live(service, app, loaded, m, settings, n_threads, start)
+                      digests={role: f.get("sha256") for role, f in model_record(req)[1].items()})
+        fleet, app = open_fleet(r.models, settings, start, n_threads)
+        fleet.start()
+        with console.status(f"loading {r.model.name}…") if console.is_terminal else contextlib.nullcontext():
+            why = load_at_start(fleet, fleet.stopping)
+        if why is not None:
+            raise SpecdeckError(f"loading failed: {why}")
+        fleet.ready = True
         http = HttpThread(app, sock)
         http.start()
         yield f"{settings.scheme}://127.0.0.1:{settings.port}"
     finally:
         if http is not None:
             http.stop()
-        if service is not None:
-            shutdown(service, loaded)
-        elif loaded is not None:
-            loaded.close()
+        if fleet is not None:
+            close_fleet(fleet)
         sock.close()
 
 
@@ -146,10 +167,21 @@ def check_pins(models: dict, pins: dict[str, str]) -> None:
                                 hint="put the pinned file on the models volume, or change the pin in the config")
 
 
-def model_record(chosen: Chosen, settings: ServeSettings) -> tuple[str, dict]:
-    """The served name (the preset's, else "custom") and role -> {"ref", "path", "sha256"} for a revision, as far as the files can be found and hashed
-    (a missing file is recorded as its reference: the start then fails and says why). A selection that
-    does not parse (an unknown preset) raises: that is bad input, not a revision."""
+def model_record(req: StartRequest) -> tuple[str, dict]:
+    """The served name and role -> {"ref", "path", "sha256"} for a revision (of several models: their
+    names joined by "+", and NAME:role), as far as the files can be found and hashed (a missing file
+    is recorded as its reference: the start then fails and says why). A selection that does not
+    parse (an unknown preset) raises: that is bad input, not a revision."""
+    if not req.models:
+        return files_record(req.chosen, req.settings)
+    out = {}
+    for named in served(req):
+        out.update({f"{named.name}:{role}": entry for role, entry in files_record(named.chosen, req.settings)[1].items()})
+    return "+".join(m.name for m in served(req)), out
+
+
+def files_record(chosen: Chosen, settings: ServeSettings) -> tuple[str, dict]:
+    """One selection's name (the preset's, else "custom") and its files, by role (see model_record)."""
     from app.models.integrity import VerifiedRecords, check_integrity
     from app.settings import paths
 

@@ -103,31 +103,61 @@ def prepare(req: StartRequest, steps: Steps) -> Resolved:
             raise SpecdeckError(f"{bad[0].name}: {bad[0].summary}", hint=f"fix: {bad[0].fix}" if bad[0].fix else None)
         r["done"] = (f"{gpus}; {hw.ram_total / 2**30:.1f} GiB RAM, {hw.cpu_count} cores; preset {sel.name}; "
                      f"doctor: {len(checks)} checks, none failed")
+    from app.commands.start_request import served
+
+    models = served(req)
     with steps.step("pull and verify") as r:
-        roles = roles_of(sel, req.chosen, settings.speculative, catalog_of(req.chosen.models))
-        got = {role: pull_one(fetcher, ref) for role, ref in roles}
-        r["done"] = "; ".join(f"{role} {g.path.name} ({g.source}, {'hashed now' if g.hashed_now else 'verified earlier'})"
-                              for role, g in got.items())
+        got, done = {}, []
+        for named in models:
+            roles = roles_of(sel_of(named, req, sel), named.chosen, settings.speculative, catalog_of(named.chosen.models))
+            got[named.name] = files = {role: pull_one(fetcher, ref) for role, ref in roles}
+            done.append(named_prefix(named) + "; ".join(
+                f"{role} {g.path.name} ({g.source}, {'hashed now' if g.hashed_now else 'verified earlier'})"
+                for role, g in files.items()))
+        r["done"] = "; ".join(done)
     with steps.step("check the pair", spinner=True) as r:
-        result = check_pair(got["target"].path, got["draft"].path if "draft" in got else None, probe=True,
-                            mtp=sel.mtp and settings.speculative)
-        if sel.mtp and settings.speculative:
-            require_mtp_head(result.target.info)
-        for w in result.warnings:
-            steps.console.print(f"  [yellow]warning:[/] {w}", soft_wrap=True)
-        if result.draft is not None and not result.compatible:
-            bad = result.incompatibility
-            raise PairError(f"the draft cannot serve the target (rule {bad.rule}): {bad.message}" if bad
-                            else "the draft cannot serve the target", hint="pick another draft with --draft")
-        r["done"] = ("compatible (llama.cpp's rules)" if result.draft is not None
-                     else f"the target drafts with its MTP head ({result.target.info.n_nextn} layer(s))" if sel.mtp
-                     else "target readable (no draft)")
+        r["done"] = "; ".join(named_prefix(named) + check_files(sel_of(named, req, sel), got[named.name], settings, steps)
+                              for named in models)
     with steps.step("plan memory") as r:
-        m = model_start(sel, {role: g.path for role, g in got.items()}, req, hw)
-        plan = m.plan
-        steps.console.print(render_plan(plan, sel.name))
-        r["done"] = f"context {plan.ctx:,}, {plan.parallel} slot(s), {plan.used / 2**30:.2f} of {plan.budget / 2**30:.2f} GiB"
-    return Resolved(m, hw)
+        starts, done = [], []
+        for named in models:
+            one = sel_of(named, req, sel)
+            m = model_start(one, {role: g.path for role, g in got[named.name].items()}, req, hw, named)
+            plan = m.plan
+            steps.console.print(render_plan(plan, m.name))
+            starts.append(m)
+            done.append(named_prefix(named) + f"context {plan.ctx:,}, {plan.parallel} slot(s), "
+                                              f"{plan.used / 2**30:.2f} of {plan.budget / 2**30:.2f} GiB")
+        r["done"] = "; ".join(done)
+    return Resolved(tuple(starts), hw)
+
+
+def sel_of(named, req: StartRequest, first: Selection) -> Selection:
+    """A named model's selection (the start's own where it names none apart)."""
+    from app.commands.common import catalog_of, selection_of
+
+    return first if not req.models else selection_of(named.chosen, catalog_of(named.chosen.models))
+
+
+def named_prefix(named) -> str:
+    return f"{named.name}: " if named.name else ""
+
+
+def check_files(sel: Selection, got: dict, settings: ServeSettings, steps: Steps) -> str:
+    """Whether the draft can serve the target (llama.cpp's rules), or the MTP head can draft."""
+    result = check_pair(got["target"].path, got["draft"].path if "draft" in got else None, probe=True,
+                        mtp=sel.mtp and settings.speculative)
+    if sel.mtp and settings.speculative:
+        require_mtp_head(result.target.info)
+    for w in result.warnings:
+        steps.console.print(f"  [yellow]warning:[/] {w}", soft_wrap=True)
+    if result.draft is not None and not result.compatible:
+        bad = result.incompatibility
+        raise PairError(f"the draft cannot serve the target (rule {bad.rule}): {bad.message}" if bad
+                        else "the draft cannot serve the target", hint="pick another draft with --draft")
+    return ("compatible (llama.cpp's rules)" if result.draft is not None
+            else f"the target drafts with its MTP head ({result.target.info.n_nextn} layer(s))" if sel.mtp
+            else "target readable (no draft)")
 
 
 def prompt_ids(tok, messages: list[dict]) -> list[int]:
@@ -140,7 +170,7 @@ def prompt_ids(tok, messages: list[dict]) -> list[int]:
 def load_and_warm(m: ModelStart, threads: int, settings: ServeSettings, steps: Steps) -> Loaded:
     from app.engine.engine import Request, SpecParams
     from app.llama.context import LoadCancelled
-    from app.server.serve import load_model
+    from app.server.lifecycle import load_model
 
     loaded = None
     try:
@@ -214,17 +244,17 @@ class StopSignals:
 
 def up(req: StartRequest, console: Console, out: Console, start=None) -> int:
     from app.commands.serve import machine_facts
-    from app.ops.smoke import smoke_request
-    from app.server.core import status_json
+    from app.server.model_start import Start
     from app.server.serve import (
         HttpThread,
-        Start,
         StartFailed,
         bind_socket,
-        go_live,
+        close_fleet,
+        go_live_member,
+        load_at_start,
         local_url,
-        open_service,
-        shutdown,
+        open_fleet,
+        smoke_models,
     )
 
     settings = req.settings
@@ -236,7 +266,7 @@ def up(req: StartRequest, console: Console, out: Console, start=None) -> int:
     steps = Steps(console, STEPS, stop)
     loaded: Loaded | None = None
     http: HttpThread | None = None
-    service = None
+    fleet = None
     events = EventLog()
     try:
         with signals.installed():
@@ -250,12 +280,20 @@ def up(req: StartRequest, console: Console, out: Console, start=None) -> int:
             steps.check_stop()
             url = f"{settings.scheme}://{settings.host}:{settings.port}"
             with steps.step("serve") as r:
-                service, app = open_service(m, settings, start)
-                go_live(service, app, loaded, m, settings, n_threads, start)
+                fleet, app = open_fleet(prep.models, settings, start, n_threads)
+                fleet.adopt(fleet.first, lambda member: go_live_member(member, loaded, settings, n_threads, start))
+                loaded = None  # the fleet's now
+                fleet.start()
+                if len(fleet.members) > 1:
+                    with signals.deferred():
+                        why = load_at_start(fleet, stop)  # the others that fit beside it
+                    if why is not None:
+                        raise StartFailed(f"loading failed: {why}")
+                fleet.ready = True
                 http = HttpThread(app, sock)
                 http.start()
                 try:
-                    smoked = smoke_request(local_url(settings), None, app.state.self_headers)
+                    smoked = smoke_models(local_url(settings), app.state.self_headers, fleet)
                 except SpecdeckError as e:
                     steps.check_stop()  # a stop cut the smoke request short: no failed start
                     raise StartFailed(f"smoke request failed: {e.message}") from None
@@ -268,25 +306,20 @@ def up(req: StartRequest, console: Console, out: Console, start=None) -> int:
                 server_log.setLevel(logging.WARNING)
                 server_log.handlers[:] = [events]
                 server_log.propagate = False
-            metrics = app.state.metrics
 
             def snapshot() -> dict:
-                if not service.ready:
-                    return loading_snapshot(url, "loading")
-                snap = build_snapshot(status_json(service, metrics), generate_latest(metrics.registry).decode(), url)
-                snap["events"] = list(events.lines)
-                return snap
+                return fleet_snapshot(fleet, url, events)
 
             try:
                 watch(snapshot, out, req.up.interval, req.up.log_interval, stop)
             except KeyboardInterrupt:
                 pass
             console.print(f"stopping: finishing requests in flight ({settings.shutdown_grace:g} s at most), freeing the models")
-            busy = service.scheduler.busy_slots() if service.scheduler else 0
+            busy = sum(m.service.scheduler.busy_slots() for m in fleet.members.values() if m.service.scheduler)
             http.stop()
             http = None
-            shutdown(service, loaded)
-            loaded = None
+            close_fleet(fleet)
+            fleet = None
             console.print(f"stopped cleanly ({busy} request(s) were in flight)")
             return 0
     except KeyboardInterrupt:  # a stop asked for during start-up: reported as a stop, not as a failed start
@@ -295,11 +328,27 @@ def up(req: StartRequest, console: Console, out: Console, start=None) -> int:
     finally:
         if http is not None:
             http.stop()
-        if service is not None and loaded is not None:
-            shutdown(service, loaded)
-        elif loaded is not None:
+        if fleet is not None:
+            close_fleet(fleet)
+        if loaded is not None:
             loaded.close()
         sock.close()
+
+
+def fleet_snapshot(fleet, url: str, events: EventLog) -> dict:
+    """The dashboard's view of the default model (else the first loaded), with every model's state."""
+    from app.server.core import status_json
+
+    m = next((x for x in [fleet.first, *fleet.members.values()] if x.service.ready), None)
+    if m is None:
+        snap = loading_snapshot(url, "loading")
+    else:
+        metrics = m.app.state.metrics
+        snap = build_snapshot(status_json(m.service, metrics), generate_latest(metrics.registry).decode(), url)
+    snap["events"] = list(events.lines)
+    if len(fleet.members) > 1:
+        snap["fleet"] = fleet.view()
+    return snap
 
 
 # -- specdeck run -------------------------------------------------------------------------------

@@ -57,10 +57,10 @@ class PlanRequest(BaseModel):
     draft_max: DraftMax = Field(None, json_schema_extra={"only": True})
     device: Literal["auto", "cuda", "cpu"] = Field("auto", description="plan for the GPU (cuda) or host RAM (cpu)",
                                                    json_schema_extra={"only": True})
-    vram: int | None = Field(None, description="the GPU's total memory, e.g. 24GiB (default: free memory read with pynvml)",
-                             json_schema_extra={"only": True, "size": True})
-    ram: int | None = Field(None, description="host memory budget, e.g. 16GiB (default: available memory, psutil)",
-                            json_schema_extra={"only": True, "size": True})
+    vram: int | None = Field(None, description="the GPU memory to plan for, e.g. 20GiB (default: the free memory, read "
+                                               "with pynvml); several models share it", json_schema_extra={"size": True})
+    ram: int | None = Field(None, description="the host memory to plan for, e.g. 16GiB (default: the available memory, "
+                                              "psutil); several models share it", json_schema_extra={"size": True})
     n_ubatch: int | None = Field(None, ge=32, description="physical batch size (n_ubatch)",
                                  json_schema_extra={"only": True, "flag": "--ubatch"})
     reserve: int | None = Field(None, ge=0, description="runtime reserve (CUDA context, driver, display), e.g. 768MiB",

@@ -42,6 +42,7 @@ class Usage:
     gone: str | None = None
     locate: Callable[[], str] | None = None  # where the request's job is now (set when it submits one)
     on_generated: Callable[[int], None] | None = None  # the key's token window
+    arrived: float = field(default_factory=time.monotonic)  # its time limit counts from here (a model's load included)
 
     def add(self, prompt_tokens: int, cached_tokens: int, completion_tokens: int, texts: dict | None = None) -> None:
         self.prompt_tokens += prompt_tokens

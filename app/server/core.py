@@ -189,8 +189,10 @@ def submit(service: Service, settings: ServeSettings, metrics: Metrics, body: Sa
     req = engine_request(body, ids, service, settings, grammar, triggers, pictures)
     if quiet is None:  # a whole answer with no stop string to watch: no per-step events
         quiet = not body.stream and not body.stops()
-    job = Job(req, asyncio.get_running_loop(), time.monotonic() + settings.request_timeout, quiet=quiet,
-              progress=body.stream and body.return_progress, usage=current_usage.get())
+    usage = current_usage.get()
+    arrived = usage.arrived if usage is not None else time.monotonic()  # a wait for the model to load counts
+    job = Job(req, asyncio.get_running_loop(), arrived + settings.request_timeout, quiet=quiet,
+              progress=body.stream and body.return_progress, usage=usage)
     if job.usage is not None:
         job.usage.locate = job.whereabouts
     try:
@@ -350,6 +352,11 @@ class Service:
     chat: ChatSpec = field(default_factory=ChatSpec)  # the chat template's format (tool calls, reasoning)
     markup_ids: set = field(default_factory=set)  # special tokens the chat format's markup is made of
     thinking_default: bool | None = None  # the template's thinking switch where a request does not set it (None: the template's)
+
+    def detach(self) -> None:
+        """The engine is gone (the model was unloaded): 503 again until the next attach."""
+        self.ready = False
+        self.scheduler = self.tokenizer = self.embedder = self.alerts = None
 
     def use_chat(self, spec: ChatSpec) -> None:
         """Serve answers in this chat format (its markup shown in the text even where it is special tokens)."""

@@ -3,10 +3,12 @@ before anything of the server is imported)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from app.gguf.info import ModelInfo
+from app.ops.alerts import AlertSettings
 from app.plan.hardware import Hardware
 from app.plan.planner import Plan
 
@@ -24,11 +26,34 @@ class ModelStart:
     embedder: ModelInfo | None = None
     chat_template: str | None = None  # in place of the target's own (--chat-template-file, the preset's)
     mmproj: Path | None = None  # the target's vision projector
+    aliases: tuple[str, ...] = ()  # other names requests may give it
+    unload_after: float | None = None  # seconds idle before it unloads (None: kept loaded)
 
 
 @dataclass(frozen=True)
 class Resolved:
-    """What a start serves (the model, planned) and the machine it was planned for."""
+    """What a start serves (its models, planned; the first is the default's or the first named) and
+    the machine it was planned for."""
 
-    model: ModelStart
+    models: tuple[ModelStart, ...]
     hw: Hardware
+
+    @property
+    def model(self) -> ModelStart:
+        return self.models[0]
+
+
+@dataclass
+class Start:
+    """How one start is judged and reported (the command supplies it; everything optional)."""
+
+    alerts: AlertSettings | None = None
+    baseline_acceptance: float | None = None
+    on_good: Callable[[], None] | None = None  # called once healthy and the smoke request passed
+    timeout: float = 900.0  # seconds to become good, else the start failed
+    revision: int | None = None
+    machine: dict = field(default_factory=dict)
+    digests: dict = field(default_factory=dict)
+    status_line: str = ""  # appended to systemd's STATUS= (e.g. the fallback that led here)
+    plan: dict | None = None  # the plan this start serves (recorded with the revision)
+    fallback: dict | None = None  # {"from": revision, "reason": ...} when this start stands in for a failed one

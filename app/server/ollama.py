@@ -111,28 +111,9 @@ class ShowRequest(StrictBody):
 
 
 def add_ollama_routes(app: FastAPI, settings: ServeSettings, service: Service, metrics: Metrics) -> None:
-    @app.get("/api/version")
-    async def version():
-        return {"version": API_VERSION}
-
-    @app.get("/api/tags")
-    async def tags():
-        return {"models": [_model_entry(service)]}
-
-    @app.get("/api/ps")
-    async def ps():
-        """What is loaded: the pair's whole planned footprint, and the part of it in VRAM."""
-        if not service.ready:
-            return {"models": []}
-        plan = service.plan
-        total = plan.used + plan.host_used
-        vram = plan.used if plan.device != "cpu" else 0
-        return {"models": [{**_model_entry(service), "size": total, "size_vram": vram, "context_length": service.n_ctx,
-                            "expires_at": "2318-01-01T00:00:00Z"}]}  # never unloaded while serving
-
     @app.post("/api/show")
     async def show(body: ShowRequest):
-        _check_name(body.model or body.name or "", service)
+        _check_name(body.model or body.name or "", service, settings)
         d = service.details
         arch = d.get("architecture", "")
         caps = ["completion"] + (["vision"] if service.vision is not None else [])
@@ -150,7 +131,7 @@ def add_ollama_routes(app: FastAPI, settings: ServeSettings, service: Service, m
 
     @app.post("/api/generate")
     async def generate(body: GenerateRequest, request: Request):
-        _check_name(body.model, service)
+        _check_name(body.model, service, settings)
         if not body.prompt and body.suffix is None and not body.images:  # Ollama: an empty prompt only loads the model
             require_ready(service)
             return {"model": body.model, "created_at": _now(), "response": "", "done": True, "done_reason": "load"}
@@ -184,7 +165,7 @@ def add_ollama_routes(app: FastAPI, settings: ServeSettings, service: Service, m
 
     @app.post("/api/chat")
     async def chat(body: ChatRequest, request: Request):
-        _check_name(body.model, service)
+        _check_name(body.model, service, settings)
         if not body.messages:  # Ollama: no messages only loads the model
             require_ready(service)
             return {"model": body.model, "created_at": _now(), "message": {"role": "assistant", "content": ""},
@@ -237,12 +218,13 @@ def _iso(ts: float) -> str:
     return datetime.fromtimestamp(ts, timezone.utc).isoformat().replace("+00:00", "Z")
 
 
-def _names(service: Service) -> set[str]:
-    return {service.model_id, f"{service.model_id}:latest", "specdeck", "specdeck:latest"}
+def _names(service: Service, settings: ServeSettings) -> set[str]:
+    names = {service.model_id, "specdeck", *settings.model_aliases}
+    return names | {f"{n}:latest" for n in names}
 
 
-def _check_name(name: str, service: Service) -> None:
-    if name not in _names(service):
+def _check_name(name: str, service: Service, settings: ServeSettings) -> None:
+    if name not in _names(service, settings):
         raise ApiError(404, f"model '{name}' not found (served: {service.model_id})")
 
 
@@ -259,7 +241,8 @@ def _details(service: Service) -> dict:
             "parameter_size": _params_label(d.get("n_params")), "quantization_level": d.get("file_type") or ""}
 
 
-def _model_entry(service: Service) -> dict:
+def model_entry(service: Service) -> dict:
+    """A model as Ollama's /api/tags lists it (from its GGUF header)."""
     d = service.details
     return {"name": service.model_id, "model": service.model_id, "modified_at": _iso(d.get("mtime", 0.0)),
             "size": d.get("size", 0), "digest": service.digests.get("target") or "",

@@ -1,6 +1,7 @@
-"""`specdeck serve`: bind first (so /health answers 503 while loading), load the plan's models in
-the background, then serve; SIGTERM / Ctrl-C finish or cancel in-flight requests and free the
-contexts."""
+"""Starting a server, the one way `serve`, `up` and `validate`'s own server do it: bind first (so
+/health answers 503 while loading), build each model's service whole (`open_service`) and the
+fleet's front over them (`open_fleet`), load what the start loads in the background, then serve;
+SIGTERM / Ctrl-C finish or cancel in-flight requests and free the contexts."""
 
 from __future__ import annotations
 
@@ -10,96 +11,68 @@ import socket
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import uvicorn
 
-from app.chat.detect import detect
-from app.chat.spec import ChatSpec
-from app.engine.embed import Embedder
-from app.engine.loader import Loaded, load
+from app.engine.loader import Loaded
 from app.errors import SpecdeckError
-from app.gguf.info import ModelInfo
-from app.ops.alerts import AlertSettings
 from app.ops.smoke import smoke_request
 from app.server import sdnotify
-from app.server.app import Service, create_app
+from app.server.fleet import Fleet, Member, NeverFits
+from app.server.front import create_front
 from app.server.keys import KeyStore
-from app.server.model_start import ModelStart
-from app.server.scheduler import Scheduler
+from app.server.lifecycle import go_live, load_model, model_settings, open_service, shutdown
+from app.server.model_start import ModelStart, Start
 from app.server.settings import ServeSettings
-from app.server.watch import AlertWatcher
 
 log = logging.getLogger("specdeck.server")
 
 
-def open_service(m: ModelStart, settings: ServeSettings, start: Start) -> tuple[Service, object]:
-    """The model's service with its whole identity (name, plan, files, and the start's revision,
-    machine, digests and fallback) and its app (keys read, SIGHUP re-reads them); it answers 503
-    until `go_live`."""
-    plan = m.plan
-    service = Service(model_id=m.name, n_ctx=plan.ctx, speculative_default=True, plan=plan,
-                      models={"target": str(m.target.path),
-                              "draft": str(m.draft.path) if m.draft else "mtp" if plan.mtp else None},
-                      details=model_details(m.target), revision=start.revision, machine=start.machine,
-                      digests=start.digests, fallback=start.fallback)
-    app = create_app(settings, service)
-    reload_keys_on_hangup(app.state.keys)
-    return service, app
+def open_fleet(models: list[ModelStart] | tuple[ModelStart, ...], settings: ServeSettings, start: Start,
+               threads: int) -> tuple[Fleet, object]:
+    """Every model's service, whole (none loaded yet), and the front that serves them: the one
+    app a server runs (its keys read; SIGHUP re-reads them)."""
+    members = [Member(m, *open_service(m, settings, start)) for m in models]
+    fleet = Fleet(members, fleet_budget(models), settings.models_max, default_model(settings, models),
+                  load=lambda member, cancel: load_member(member, settings, threads, start, cancel),
+                  unload=unload_member)
+    front = create_front(settings, fleet)
+    reload_keys_on_hangup(front.state.keys)
+    return fleet, front
 
 
-def load_model(m: ModelStart, threads: int, settings: ServeSettings, cancel: threading.Event | None = None) -> Loaded:
-    return load(m.plan, m.target, m.draft, threads, adaptive=settings.speculative, suffix_tokens=settings.suffix_tokens,
-                cache_ram_mib=settings.cache_ram, cancel=cancel, chat_template=m.chat_template, mmproj=m.mmproj)
+def fleet_budget(models) -> int:
+    """The memory the models share: the plans' budget (the smallest, where one model's was set apart)."""
+    return min(m.plan.budget for m in models)
 
 
-def go_live(service: Service, app, loaded: Loaded, m: ModelStart, settings: ServeSettings, threads: int,
-            start: Start) -> None:
-    """The loaded model behind its service: the embedding model, the scheduler, the alert watcher."""
-    if m.embedder is not None and m.plan.embedding is not None:
-        service.embedder = Embedder(m.embedder, m.plan.embedding, threads)
-    attach(service, loaded, settings, app.state.count)
-    watch_alerts(service, app.state.metrics, start)
+def default_model(settings: ServeSettings, models) -> str | None:
+    names = [m.name for m in models]
+    if settings.default_model is not None:
+        if settings.default_model not in names:
+            raise SpecdeckError(f"--default-model {settings.default_model} is not one of the models served ({', '.join(names)})")
+        return settings.default_model
+    return names[0] if len(names) == 1 else None
 
 
-def model_details(info: ModelInfo) -> dict:
-    """What Ollama's /api/tags and /api/show report about the served model (from its GGUF header)."""
-    stat = info.path.stat()
-    return {"architecture": info.architecture, "n_params": info.n_params, "file_type": info.file_type,
-            "context_length": info.context_length, "size": info.file_size, "mtime": stat.st_mtime,
-            "chat_template": info.vocab.chat_template, "n_layers": info.n_layers, "n_embd": info.n_embd,
-            "n_head": info.n_head}
+def load_member(member: Member, settings: ServeSettings, threads: int, start: Start, cancel: threading.Event) -> None:
+    """Load a model of the fleet and put it live behind its service."""
+    loaded = load_model(member.start, threads, settings, cancel=cancel)
+    if cancel.is_set():
+        loaded.close()
+        raise SpecdeckError("stopped")
+    go_live_member(member, loaded, settings, threads, start)
 
 
-def attach(service: Service, loaded: Loaded, settings: ServeSettings, on_done) -> None:
-    """Make a loaded engine live behind the service (its live figures counted in `service.stats`)."""
-
-    def done(job, rec) -> None:
-        service.stats.done(rec)
-        on_done(job, rec)
-
-    service.scheduler = Scheduler(loaded.engine, settings.max_queue, on_step=service.stats.step, on_done=done)
-    service.tokenizer = loaded.tokenizer
-    service.use_chat(chat_spec(loaded.tokenizer, settings.reasoning_format))
-    service.thinking_default = False if settings.reasoning_budget == 0 else None
-    service.n_ctx = loaded.target.n_ctx
-    service.speculative_default = settings.speculative
-    service.scheduler.start()
-    service.ready = True
+def go_live_member(member: Member, loaded: Loaded, settings: ServeSettings, threads: int, start: Start) -> None:
+    member.loaded = loaded
+    go_live(member.service, member.app, loaded, member.start, model_settings(settings, member.start), threads, start)
 
 
-def chat_spec(tok, reasoning_format: str) -> ChatSpec:
-    """The chat format of the template being served, found by rendering through it; said in the log,
-    with one line when the template's tool calls are not parsed."""
-    if not tok.chat_template:
-        return ChatSpec()
-    spec = detect(tok.chat_template, lambda m, t, g: tok.render_chat(m, t, generation_prompt=g))
-    if reasoning_format == "none":
-        spec = spec.without_reasoning()
-    log.warning("specdeck: chat format %s", spec.name)
-    if spec.note:
-        log.warning("specdeck: %s", spec.note)
-    return spec
+def unload_member(member: Member) -> None:
+    shutdown(member.service, member.loaded)
+    member.service.detach()
+    member.loaded = None
 
 
 def bind_socket(host: str, port: int) -> socket.socket:
@@ -151,10 +124,15 @@ class _Server(uvicorn.Server):
         if self.on_stop is not None:
             self.on_stop()
         state = self.config.app.state
-        if state.service.scheduler is not None:
-            timer = threading.Timer(state.settings.shutdown_grace, state.service.scheduler.wind_down)
-            timer.daemon = True
-            timer.start()
+        timer = threading.Timer(state.settings.shutdown_grace, wind_down, args=(state.fleet,))
+        timer.daemon = True
+        timer.start()
+
+
+def wind_down(fleet: Fleet) -> None:
+    for m in fleet.members.values():
+        if m.service.scheduler is not None:
+            m.service.scheduler.wind_down()
 
 
 def _server(app, on_stop: Callable[[], None] | None = None) -> _Server:
@@ -190,45 +168,17 @@ class HttpThread:
         self.thread.join(self.server.config.timeout_graceful_shutdown + 5)
 
 
-def shutdown(service: Service, loaded: Loaded | None) -> None:
-    """After the HTTP server stopped: cancel what is left, wait for the engine's worker to leave
-    llama.cpp, then free the contexts (never while a decode may still run in them)."""
-    if service.alerts is not None:
-        service.alerts.stop()
-    if service.scheduler is not None and not service.scheduler.stop():
-        log.error("specdeck: the engine did not stop in time; its contexts are left to the process's exit")
-        return
-    if loaded is not None:
-        loaded.close()
-    if service.embedder is not None:
-        service.embedder.close()
+def close_fleet(fleet: Fleet) -> None:
+    """After the HTTP server stopped: no more loads or unloads, then every loaded model freed."""
+    fleet.stop()
+    for m in fleet.members.values():
+        if m.loaded is not None or m.service.scheduler is not None:
+            shutdown(m.service, m.loaded)
+            m.loaded = None
 
 
 class StartFailed(SpecdeckError):
     """The server never became good: models did not load, health never came, or the smoke failed."""
-
-
-@dataclass
-class Start:
-    """How one start is judged and reported (the command supplies it; everything optional)."""
-
-    alerts: AlertSettings | None = None
-    baseline_acceptance: float | None = None
-    on_good: Callable[[], None] | None = None  # called once healthy and the smoke request passed
-    timeout: float = 900.0  # seconds to become good, else the start failed
-    revision: int | None = None
-    machine: dict = field(default_factory=dict)
-    digests: dict = field(default_factory=dict)
-    status_line: str = ""  # appended to systemd's STATUS= (e.g. the fallback that led here)
-    plan: dict | None = None  # the plan this start serves (recorded with the revision)
-    fallback: dict | None = None  # {"from": revision, "reason": ...} when this start stands in for a failed one
-
-
-def watch_alerts(service: Service, metrics, start: Start) -> None:
-    if start.alerts is not None:
-        service.alerts = AlertWatcher(service, metrics, start.alerts, start.baseline_acceptance)
-        service.alerts.check()
-        service.alerts.start()
 
 
 def reload_keys_on_hangup(store: KeyStore) -> None:
@@ -244,17 +194,46 @@ def local_url(settings: ServeSettings) -> str:
     return f"{settings.scheme}://{host}:{settings.port}"
 
 
-def serve(settings: ServeSettings, m: ModelStart, threads: int, start: Start | None = None) -> int:
+def start_loads(fleet: Fleet) -> list[Member]:
+    """What a start loads: the default model (else the first named), then each other one in the
+    order named while it fits beside those (the rest load when asked for)."""
+    first = fleet.first
+    return [first] + [m for m in fleet.members.values() if m is not first]
+
+
+def load_at_start(fleet: Fleet, stop: threading.Event) -> str | None:
+    """Load the start's models; None, or why the first failed (the others' failures are logged:
+    they stay unloaded, and a request for one tries again)."""
+    for i, m in enumerate(start_loads(fleet)):
+        if stop.is_set():
+            return None
+        if i and not fleet.fits_beside_loaded(m):
+            log.warning("specdeck: model %s loads when asked for (it does not fit beside the loaded ones)", m.name)
+            continue
+        try:
+            why = fleet.load_now(m)
+        except NeverFits as e:
+            why = str(e)
+        if why is None or stop.is_set():
+            continue
+        if i == 0:
+            return why
+        log.error("specdeck: model %s is not loaded: %s", m.name, why)
+    return None
+
+
+def serve(settings: ServeSettings, models: list[ModelStart] | tuple[ModelStart, ...], threads: int,
+          start: Start | None = None) -> int:
     """Serve until stopped. Raises StartFailed if it never became good (the caller may fall back);
     returns 0 after a clean stop, also one during start-up (a stop is not a failed start)."""
     start = start or Start()
-    start.plan = m.plan.to_json()
-    model_id = m.name
+    start.plan = models[0].plan.to_json()
+    names = ", ".join(m.name for m in models)
     settings.check()
     sock = bind_socket(settings.host, settings.port)
-    service, app = open_service(m, settings, start)
+    fleet, app = open_fleet(models, settings, start, threads)
     stop = threading.Event()  # a stop was asked for (signal), or the server has ended
-    server = _server(app, on_stop=stop.set)
+    server = _server(app, on_stop=lambda: (stop.set(), fleet.stopping.set()))
     state: dict = {}
     url = local_url(settings)
     tail = f" ({start.status_line})" if start.status_line else ""
@@ -266,21 +245,19 @@ def serve(settings: ServeSettings, m: ModelStart, threads: int, start: Start | N
         server.should_exit = True
 
     def loader() -> None:
-        try:
-            state["loaded"] = load_model(m, threads, settings, cancel=stop)
-            if stop.is_set():
-                return
-            go_live(service, app, state["loaded"], m, settings, threads, start)
-        except Exception as e:  # noqa: BLE001 - reported, and the start has failed (unless it was stopped)
-            if not stop.is_set():
-                fail(f"loading failed: {e}")
+        why = load_at_start(fleet, stop)
+        if stop.is_set():
             return
+        if why is not None:
+            fail(f"loading failed: {why}")
+            return
+        fleet.ready = True
         while not server.started and not stop.is_set():
             time.sleep(0.02)
         if stop.is_set():
             return
         try:
-            result = smoke_request(url, None, app.state.self_headers)
+            result = smoke_models(url, app.state.self_headers, fleet)
         except SpecdeckError as e:
             if not stop.is_set():  # a stop cuts the smoke request short: that is no failure
                 fail(f"smoke request failed: {e.message}")
@@ -290,20 +267,19 @@ def serve(settings: ServeSettings, m: ModelStart, threads: int, start: Start | N
             start.on_good()
         log.warning("specdeck: models loaded, serving on %s://%s:%d (smoke: %s)", settings.scheme, settings.host,
                     settings.port, result)
-        sdnotify.notify(f"READY=1\nSTATUS=serving {model_id} on {settings.host}:{settings.port}"
+        sdnotify.notify(f"READY=1\nSTATUS=serving {names} on {settings.host}:{settings.port}"
                         + (f", revision {start.revision}" if start.revision else "") + tail)
 
     def deadline() -> None:
         if not stop.wait(start.timeout) and "good" not in state and "error" not in state:
             fail(f"not healthy after {start.timeout:.0f} s")
 
-    sdnotify.notify(f"STATUS=loading {model_id}" + (f" (revision {start.revision})" if start.revision else "") + tail)
+    sdnotify.notify(f"STATUS=loading {names}" + (f" (revision {start.revision})" if start.revision else "") + tail)
+    fleet.start()
     loading = threading.Thread(target=loader, name="specdeck-load", daemon=True)
     loading.start()
     threading.Thread(target=deadline, name="specdeck-start-timeout", daemon=True).start()
-    sdnotify.start_watchdog(f"{url}/health", app.state.self_headers,
-                            lambda: service.scheduler is not None and service.scheduler.thread is not None
-                            and service.scheduler.thread.is_alive(), stop)
+    sdnotify.start_watchdog(f"{url}/health", app.state.self_headers, lambda: engines_alive(fleet), stop)
     try:
         server.run(sockets=[sock])
     finally:
@@ -311,10 +287,24 @@ def serve(settings: ServeSettings, m: ModelStart, threads: int, start: Start | N
         sock.close()
         if "good" in state or "error" not in state:
             sdnotify.notify("STOPPING=1")
-        loading.join()  # loading stops at llama.cpp's next progress report, the smoke request with the engine
-        shutdown(service, state.get("loaded"))
+        fleet.stopping.set()  # a load in progress stops at llama.cpp's next progress report
+        loading.join()  # the smoke request ends with the engine
+        close_fleet(fleet)
     if "error" in state and "good" not in state:
         raise StartFailed(state["error"])
     if "good" not in state:
         log.warning("specdeck: stopped during start-up (nothing was serving yet)")
     return 1 if "error" in state else 0
+
+
+def engines_alive(fleet: Fleet) -> bool:
+    """The watchdog's check: every loaded model's engine thread runs (and one is loaded)."""
+    live = [m.service.scheduler for m in fleet.members.values() if m.service.scheduler is not None]
+    return bool(live) and all(s.thread is not None and s.thread.is_alive() for s in live)
+
+
+def smoke_models(url: str, headers: dict, fleet: Fleet) -> str:
+    """The start-up smoke request, to each loaded model."""
+    loaded = [m for m in fleet.members.values() if m.service.ready]
+    results = [smoke_request(url, None, headers, model=m.name if len(fleet.members) > 1 else None) for m in loaded]
+    return results[0] if len(results) == 1 else ", ".join(f"{m.name} {r}" for m, r in zip(loaded, results, strict=True))

@@ -56,6 +56,13 @@ class ServeSettings(BaseSettings):
     strict_model: bool = Field(False, description="answer 404 to requests naming another model (default: serve them with this one)")
     model_aliases: list[str] = Field(default_factory=list, description="another name the served model answers to",
                                      json_schema_extra={"flag": "--alias"})
+    models_max: int | None = Field(None, ge=1, le=64, description="models loaded at once at most, of those named with "
+                                   "--model (default: as many as the memory plan holds together)")
+    default_model: str | None = Field(None, description="the model that answers a request naming a model not served "
+                                      "(default: with one model, that one; with several, such a request gets 404)")
+    unload_after: float | None = Field(None, description="unload a model idle this long, e.g. 10m (Ollama's "
+                                       "OLLAMA_KEEP_ALIVE; default: never; a model's own section may say otherwise)",
+                                       json_schema_extra={"duration": True})
     suffix_tokens: int = Field(100_000, ge=0, le=10_000_000,
                                description="recent requests' tokens the suffix drafter indexes (about 125 bytes each; 0: off)")
     cache_ram: int = Field(8192, ge=0, le=2**20, description="MiB of host memory for the prompt caches of slots "
@@ -81,6 +88,18 @@ class ServeSettings(BaseSettings):
                                     "(default: the service log)")
     access_log_max_mb: float = Field(100.0, gt=0, description="rotate the access log file at this size, MiB")
     access_log_files: int = Field(5, ge=1, le=1000, description="rotated access log files kept")
+
+    @field_validator("unload_after", mode="before")
+    @classmethod
+    def _duration(cls, v):
+        from app.units import parse_duration
+
+        if v is None or isinstance(v, (int, float)):
+            return v
+        try:
+            return parse_duration(v)
+        except SpecdeckError as e:
+            raise ValueError(e.message) from None
 
     @field_validator("pins")
     @classmethod

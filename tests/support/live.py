@@ -18,8 +18,8 @@ from app.gguf.info import read_model_info
 from app.plan.hardware import detect
 from app.gguf.projector import read_projector
 from app.plan.planner import PlanRequest, make_plan
-from app.server.model_start import ModelStart
-from app.server.serve import Start, go_live, load_model, open_service
+from app.server.model_start import ModelStart, Start
+from app.server.serve import close_fleet, load_at_start, open_fleet
 from app.server.settings import ServeSettings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -128,11 +128,16 @@ class LiveServer:
         e = read_model_info(embedding) if embedding else None
         self.plan = make_plan(t, d, PlanRequest(ctx=ctx, ctx_is_user_choice=True, parallel=parallel, draft_max=4), detect(),
                               ctx, e, projector=read_projector(mmproj) if mmproj else None)
-        m = ModelStart("tiny", self.plan, t, d, e, chat_template, mmproj)  # started as serve starts a model
-        self.loaded = load_model(m, 1, settings)
-        self.service, self.app = open_service(m, settings, Start())
-        go_live(self.service, self.app, self.loaded, m, settings, 1, Start())
-        self.settings = settings  # the running server's own (a test may change a setting the routes read)
+        m = ModelStart("tiny", self.plan, t, d, e, chat_template, mmproj, tuple(settings.model_aliases))
+        # started as serve starts: the fleet (of one) and its front, the model loaded as a start loads it
+        self.fleet, self.app = open_fleet([m], settings, Start(), 1)
+        self.fleet.start()
+        why = load_at_start(self.fleet, self.fleet.stopping)
+        assert why is None, why
+        self.fleet.ready = True
+        member = self.fleet.first
+        self.service, self.loaded = member.service, member.loaded
+        self.settings = member.app.state.settings  # the running server's own (a test may change a setting the routes read)
         self.port = settings.port
         self.server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning"))
         self.thread = threading.Thread(target=self.server.run, daemon=True)
@@ -146,10 +151,7 @@ class LiveServer:
     def close(self):
         self.server.should_exit = True
         self.thread.join(10)
-        self.service.scheduler.stop()
-        self.loaded.close()
-        if self.service.embedder is not None:
-            self.service.embedder.close()
+        close_fleet(self.fleet)
 
 
 class Serve:
@@ -168,7 +170,8 @@ class Serve:
 
     def wait_line(self, text: str, stall: float = 120) -> bool:
         """Whether `text` appears in the output while the server keeps working (see Progress)."""
-        return bool(wait_working(lambda: text in self.output, self.p.pid, stall))
+        wait_working(lambda: text in self.output or self.p.poll() is not None, self.p.pid, stall)
+        return text in self.output
 
     def stop(self) -> int:
         if self.p.poll() is None:
