@@ -8,7 +8,7 @@ from pathlib import Path
 
 from app.engine.calibration import calibrate
 from app.engine.checkpoints import Checkpoints
-from app.engine.controller import Controller
+from app.engine.controller import Controller, CostModel
 from app.engine.drafters.adaptive import AdaptiveDrafter, adaptive_controller
 from app.engine.drafters.base import Drafter
 from app.engine.drafters.lookup import LookupDrafter
@@ -34,6 +34,7 @@ class Loaded:
     draft: Context | None  # the draft model's context
     mtp: MtpDrafter | None = None  # the target's MTP head drafting (its context: mtp.mtp, of the target's model)
     vision: Projector | None = None  # the target's vision projector (images in)
+    costs: CostModel | None = None  # the speculation costs measured at load (a reload of the same plan may reuse them)
 
     def close(self) -> None:
         if self.vision is not None:
@@ -59,14 +60,16 @@ def saved_bytes(plan: Plan, cache_ram_mib: int) -> int:
 def load(plan: Plan, target: ModelInfo, draft: ModelInfo | None, threads: int, adaptive: bool = False,
          suffix_tokens: int = SUFFIX_TOKENS, cache_ram_mib: int = CACHE_RAM_MIB,
          cancel: threading.Event | None = None, chat_template: str | None = None,
-         mmproj: Path | None = None) -> Loaded:
+         mmproj: Path | None = None, costs: CostModel | None = None) -> Loaded:
     """Target and draft contexts from the plan, and an engine over them. `adaptive`: prompt lookup,
     the suffix index over recent requests (`suffix_tokens`; 0 = none) and the draft model behind the
     controller, with costs calibrated on this machine now. `cache_ram_mib`: host memory for prompt
     caches whose slot was taken (see `saved_bytes`). `cancel`: set, loading stops at llama.cpp's next
     progress report or between its phases (LoadCancelled), and what was loaded is freed.
     `chat_template`: used in place of the target's own (--chat-template-file). `mmproj`: the target's
-    vision projector (images in); one that does not fit the target fails the load, naming it."""
+    vision projector (images in); one that does not fit the target fails the load, naming it.
+    `costs`: the costs an earlier load of this plan on this machine measured (a model loaded again:
+    calibration is most of a small model's load time), in place of measuring them again."""
     made: list[Context] = []
 
     def context(info: ModelInfo, params, load_mtp: bool = False) -> Context:
@@ -91,8 +94,9 @@ def load(plan: Plan, target: ModelInfo, draft: ModelInfo | None, threads: int, a
         controller = None
         if adaptive:
             # verify decodes hold up to every slot's last token and drafts: their costs are measured too
-            costs = calibrate(tc, dc, min(64, plan.parallel * (plan.draft_max + 1)) - 1,
-                              stop=cancel.is_set if cancel is not None else None, mtp=mtp)
+            if costs is None:
+                costs = calibrate(tc, dc, min(64, plan.parallel * (plan.draft_max + 1)) - 1,
+                                  stop=cancel.is_set if cancel is not None else None, mtp=mtp)
             controller = adaptive_controller(costs)
     except BaseException:
         if vision is not None:
@@ -108,7 +112,8 @@ def load(plan: Plan, target: ModelInfo, draft: ModelInfo | None, threads: int, a
     engine = Engine(tc, drafter, plan.parallel, draft_limit=plan.draft_max, costs=controller,
                     saved_bytes=saved_bytes(plan, cache_ram_mib), halt=halt,
                     checkpoints=checkpoints_of(plan, tc, 0), vision=vision)
-    return Loaded(engine, Tokenizer(tc.model, chat_template or target.vocab.chat_template), tc, dc, mtp, vision)
+    return Loaded(engine, Tokenizer(tc.model, chat_template or target.vocab.chat_template), tc, dc, mtp, vision,
+                  costs if adaptive else None)
 
 
 def checkpoints_of(plan: Plan, ctx: Context, which: int) -> Checkpoints:

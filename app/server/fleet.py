@@ -58,6 +58,7 @@ class Member:
     service: object  # app.server.core.Service: built whole at start, an engine attached while loaded
     app: object  # its routes (FastAPI), behind the fleet's front
     loaded: object = None  # app.engine.loader.Loaded while loaded
+    costs: object = None  # the speculation costs its first load measured (a reload reuses them)
     state: str = "idle"
     busy: int = 0  # requests in flight through it
     last_used: float = 0.0

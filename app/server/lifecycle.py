@@ -44,9 +44,12 @@ def model_settings(settings: ServeSettings, m: ModelStart) -> ServeSettings:
     return settings.model_copy(update={"model_aliases": list(m.aliases)})
 
 
-def load_model(m: ModelStart, threads: int, settings: ServeSettings, cancel: threading.Event | None = None) -> Loaded:
+def load_model(m: ModelStart, threads: int, settings: ServeSettings, cancel: threading.Event | None = None,
+               costs=None) -> Loaded:
+    """The model's contexts and engine; `costs`: the speculation costs its earlier load measured."""
     return load(m.plan, m.target, m.draft, threads, adaptive=settings.speculative, suffix_tokens=settings.suffix_tokens,
-                cache_ram_mib=settings.cache_ram, cancel=cancel, chat_template=m.chat_template, mmproj=m.mmproj)
+                cache_ram_mib=settings.cache_ram, cancel=cancel, chat_template=m.chat_template, mmproj=m.mmproj,
+                costs=costs)
 
 
 def go_live(service: Service, app, loaded: Loaded, m: ModelStart, settings: ServeSettings, threads: int,

@@ -57,7 +57,7 @@ def default_model(settings: ServeSettings, models) -> str | None:
 
 def load_member(member: Member, settings: ServeSettings, threads: int, start: Start, cancel: threading.Event) -> None:
     """Load a model of the fleet and put it live behind its service."""
-    loaded = load_model(member.start, threads, settings, cancel=cancel)
+    loaded = load_model(member.start, threads, settings, cancel=cancel, costs=member.costs)  # measured once: a reload reuses them
     if cancel.is_set():
         loaded.close()
         raise SpecdeckError("stopped")
@@ -65,7 +65,7 @@ def load_member(member: Member, settings: ServeSettings, threads: int, start: St
 
 
 def go_live_member(member: Member, loaded: Loaded, settings: ServeSettings, threads: int, start: Start) -> None:
-    member.loaded = loaded
+    member.loaded, member.costs = loaded, loaded.costs
     go_live(member.service, member.app, loaded, member.start, model_settings(settings, member.start), threads, start)
 
 
