@@ -224,6 +224,13 @@ def loaded(url: str) -> set[str]:
     return {m["name"] for m in httpx.get(f"{url}/api/ps", timeout=30).json()["models"]}
 
 
+def healthy(url: str) -> bool:
+    try:
+        return httpx.get(f"{url}/health", timeout=5).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
 def wait(what, timeout: float = 60.0):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -379,3 +386,70 @@ def test_a_budget_that_holds_one_switches_on_demand_with_requests_to_both_in_fli
     assert rev["status"] == "good" and rev["preset"] == "coder+gemma", rev
     assert {"coder:target", "coder:draft", "gemma:target"} <= set(rev["models"]), rev["models"]
     assert [m["name"] for m in rev["args"]["models"]] == ["coder", "gemma"]
+
+
+def test_bad_model_flags_and_sections_are_one_line_each(tiny, tmp_path):
+    def said(*args: str) -> str:
+        r = run_cli(*args)
+        assert r.returncode != 0 and "Traceback" not in r.stderr, r.stderr
+        return r.stderr.strip().splitlines()[0]
+
+    t = str(tiny.target)
+    assert said("serve", "--model", "justaname") == "error: --model justaname: expected NAME=PRESET|FILE"
+    assert said("serve", "--model", f"a={t}", "--model", f"a={t}") == "error: --model a is named twice"
+    assert said("serve", "coder-1.5b", "--model", f"a={t}") == "error: models are named both by --model and by the preset name"
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f'[models.a]\nmodel = "{t}"\ncontext = 4096\n')
+    assert said("serve", "--config", str(cfg)) == "error: [models.a]: unknown key context"
+    cfg.write_text("[models.a]\nctx = 4096\n")
+    assert said("serve", "--config", str(cfg)).startswith("error: [models.a]: no model")
+    cfg.write_text(f'[models.a]\nmodel = "{t}"\nunload_after = "soon"\n')
+    assert said("serve", "--config", str(cfg)) == "error: [models.a]: 'soon' is not a duration"
+    cfg.write_text(f'[models.a]\nmodel = "{t}"\nparallel = 0\n')
+    assert said("serve", "--config", str(cfg)).startswith("error: [models.a]: bad setting parallel")
+    assert said("serve", "--model", f"a={t}", "--model", f"b={t}", "--default-model", "c", "--port", str(free_port())) \
+        == "error: --default-model c is not one of the models served (a, b)"
+    assert said("serve", "--unload-after", "1x") .startswith("error: '1x' is not a duration")
+
+
+def test_doctor_checks_each_model_and_whether_they_fit_together(tiny, tmp_path):
+    r = run_cli("doctor", "--model", f"a={tiny.target}", "--model", f"b={tiny.target}", "--ctx", "512", "--json",
+                "--port", str(free_port()))
+    checks = {c["name"]: c for c in json.loads(r.stdout)["checks"]}
+    assert {"models (a)", "pair (a)", "plan (a)", "models (b)", "plan (b)", "together"} <= set(checks), sorted(checks)
+    assert checks["together"]["status"] == "ok" and checks["together"]["summary"].startswith("all 2 fit together")
+    plan = checks["plan (a)"]["data"]  # a budget that holds one of them: the shared rows and 1.5 footprints
+    reserve = plan["shared"] - max(256 * 2**20, plan["budget"] // 50)
+    ram = reserve + 256 * 2**20 + int(1.5 * (plan["used"] - plan["shared"]))
+    r = run_cli("doctor", "--model", f"a={tiny.target}", "--model", f"b={tiny.target}", "--ctx", "512", "--json",
+                "--ram", str(ram), "--port", str(free_port()))
+    together = {c["name"]: c for c in json.loads(r.stdout)["checks"]}["together"]
+    assert together["status"] == "warn" and "loaded in turns" in together["summary"], together
+
+
+def test_up_serves_several_models_and_logs_each_ones_state(tiny):
+    import subprocess
+
+    from support.live import ROOT, SPECDECK
+
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    p = subprocess.Popen([*SPECDECK, "up", "--model", f"a={tiny.target}", "--model", f"b={tiny.draft}", "--port", str(port),
+                          "--ctx", "256", "--log-interval", "0.5"], cwd=ROOT, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    try:
+        assert wait(lambda: p.poll() is not None or healthy(url), 120)
+        assert p.poll() is None, p.communicate()
+        for name in ("a", "b"):
+            r = ask(url, name, "a b c")
+            assert r.status_code == 200 and r.json()["model"] == name, r.text
+        time.sleep(1.5)
+        p.terminate()
+        out, err = p.communicate(timeout=60)
+    finally:
+        p.kill()
+    assert p.returncode == 0, err
+    assert "a: target target.gguf" in err and "b: target draft.gguf" in err, err  # each pulled and verified
+    lines = [line for line in out.splitlines() if line.startswith("specdeck: tok/s")]
+    assert lines and "models a:loaded,b:loaded" in lines[-1], out[-2000:]
+    assert "smoke: a 8 tokens, b 8 tokens" in err and "stopped cleanly" in err and "Traceback" not in err

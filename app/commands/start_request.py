@@ -94,7 +94,10 @@ def served(req: StartRequest) -> list[NamedModel]:
     """The models a start serves, by name: those named with --model / [models.NAME], else the one
     the selection names (served under its preset's name, with the server's aliases)."""
     if req.models:
-        return list(ordered(req.models, req.settings.default_model))
+        default = req.settings.default_model
+        if default is not None and default not in (names := [m.name for m in req.models]):
+            raise SpecdeckError(f"--default-model {default} is not one of the models served ({', '.join(names)})")
+        return list(ordered(req.models, default))
     return [NamedModel(name="", chosen=req.chosen, aliases=req.settings.model_aliases)]
 
 
@@ -137,6 +140,12 @@ def named_models(flags: list[str], config: Path | None, common: Chosen) -> list[
         named[name.strip()] = what.strip()
     for name in sections:
         named.setdefault(name, None)
+    given = [k for k in ("name", "target", "draft", "mmproj", "embedding_model") if getattr(common, k)]
+    if named and given:
+        where = "--model" if flags else f"{config}'s [models.NAME] sections"
+        raise SpecdeckError(f"models are named both by {where} and by {'the preset name' if given[0] == 'name' else '--' + given[0].replace('_', '-')}",
+                            hint="name every model with --model NAME=PRESET|FILE (or in a [models.NAME] section), or "
+                                 "serve one model without them (--config with no [models] table)")
     return [named_model(name, what, sections.get(name, {}), common) for name, what in named.items()]
 
 
