@@ -6,6 +6,7 @@ runs the middlewares, health and the listings, and hands each request to its mod
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -32,23 +33,7 @@ def create_app(settings: ServeSettings, service: Service) -> FastAPI:
     app.state.service, app.state.metrics, app.state.settings = service, metrics, settings
     app.state.count = lambda job, rec: finished(metrics, settings, service, job, rec)  # the scheduler reports here
 
-    @app.exception_handler(ApiError)
-    async def api_error(request: Request, e: ApiError):
-        if e.status == CLIENT_GONE:  # the client gave up: its habit, not the server's fault
-            metrics.client_gone.inc()
-        else:
-            metrics.errors.labels(e.type).inc()
-        return error_response(request.url.path, e)
-
-    @app.exception_handler(RequestValidationError)
-    async def bad_request(request: Request, e: RequestValidationError):
-        metrics.errors.labels("invalid_request_error").inc()
-        return error_response(request.url.path, validation_error(e))
-
-    @app.exception_handler(StarletteHTTPException)
-    async def http_error(request: Request, e: StarletteHTTPException):
-        return error_response(request.url.path, ApiError(e.status_code, str(e.detail),
-                                                         "not_found_error" if e.status_code == 404 else "invalid_request_error"))
+    add_error_handlers(app, lambda request: metrics)
 
     add_openai_routes(app, settings, service, metrics)
     add_anthropic_routes(app, settings, service, metrics)
@@ -58,3 +43,25 @@ def create_app(settings: ServeSettings, service: Service) -> FastAPI:
     add_ollama_routes(app, settings, service, metrics)
     add_unprefixed_routes(app)
     return app
+
+
+def add_error_handlers(app: FastAPI, metrics_of: Callable[[Request], Metrics]) -> None:
+    """Errors in the envelope of the API the path belongs to, counted in the request's metrics."""
+
+    @app.exception_handler(ApiError)
+    async def api_error(request: Request, e: ApiError):
+        if e.status == CLIENT_GONE:  # the client gave up: its habit, not the server's fault
+            metrics_of(request).client_gone.inc()
+        else:
+            metrics_of(request).errors.labels(e.type).inc()
+        return error_response(request.url.path, e)
+
+    @app.exception_handler(RequestValidationError)
+    async def bad_request(request: Request, e: RequestValidationError):
+        metrics_of(request).errors.labels("invalid_request_error").inc()
+        return error_response(request.url.path, validation_error(e))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, e: StarletteHTTPException):
+        return error_response(request.url.path, ApiError(e.status_code, str(e.detail),
+                                                         "not_found_error" if e.status_code == 404 else "invalid_request_error"))

@@ -16,21 +16,20 @@ import secrets
 import time
 from datetime import datetime, timezone
 
-from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
+from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
-from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app import __version__
 from app.server.access import SELF_HEADER, SourceAllowlist
+from app.server.app import add_error_handlers
 from app.server.audit import AccessLog, Usage, current_usage, open_sink
 from app.server.core import capacity, refresh_gauges, status_json
-from app.server.errors import CLIENT_GONE, ApiError, api_of, error_response, shaped, validation_error
+from app.server.errors import ApiError, api_of, shaped
 from app.server.fleet import Fleet, Load, Member, NeverFits
 from app.server.keys import KeyGate, KeyStore, Windows
 from app.server.limits import BodyLimit
@@ -108,24 +107,7 @@ def create_front(settings: ServeSettings, fleet: Fleet) -> FastAPI:
     app.state.access_sink = open_sink(settings.access_log, settings.access_log_max_mb, settings.access_log_files)
     app.add_middleware(AccessLog, sink=app.state.access_sink, on_request=lambda *a: count_request(fleet, *a))
 
-    @app.exception_handler(ApiError)
-    async def api_error(request: Request, e: ApiError):
-        metrics = metrics_of(fleet, request.scope.get("state") or {})
-        if e.status == CLIENT_GONE:
-            metrics.client_gone.inc()
-        else:
-            metrics.errors.labels(e.type).inc()
-        return error_response(request.url.path, e)
-
-    @app.exception_handler(RequestValidationError)
-    async def bad_request(request: Request, e: RequestValidationError):
-        metrics_of(fleet, {}).errors.labels("invalid_request_error").inc()
-        return error_response(request.url.path, validation_error(e))
-
-    @app.exception_handler(StarletteHTTPException)
-    async def http_error(request: Request, e: StarletteHTTPException):
-        return error_response(request.url.path, ApiError(e.status_code, str(e.detail),
-                                                         "not_found_error" if e.status_code == 404 else "invalid_request_error"))
+    add_error_handlers(app, lambda request: metrics_of(fleet, request.scope.get("state") or {}))
 
     @app.api_route("/", methods=["GET", "HEAD"], include_in_schema=False)
     async def running():
