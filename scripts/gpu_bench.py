@@ -28,6 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from app.drafting.mtp import KIND as MTP  # noqa: E402
 from app.gguf.info import read_model_info  # noqa: E402
 from app.gguf.synthetic import SHAPES, small, write_random  # noqa: E402
 from app.llama.backend import capture_llama_log  # noqa: E402
@@ -198,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     mtp = d_path is None
     vram = int(args.vram * 2**30) if args.vram else (hw.gpus[0].total if hw.gpus and device == "cuda" else None)
     req = PlanRequest(device=device, vram=vram, ctx=ctx, ctx_is_user_choice=True)
-    plan = make_plan(t_info, d_info, req, hw, ctx, mtp=mtp)
+    plan = make_plan(t_info, d_info, req, hw, ctx, head=MTP.rows if mtp else None)
     threads = 2 if device == "cpu" else 8
 
     before = vram_used()
@@ -210,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = memory_rows(plan, "target", t_alloc, device, t_path)
     target = Stream(tc, tm.n_vocab)
     if mtp:
-        head, h_alloc = load_mtp_head(tc, plan.mtp, threads)
+        head, h_alloc = load_mtp_head(tc, plan.head, threads)
         rows += mtp_rows(plan, h_alloc, device)
         closing = [head.mtp, tc, tm]
         draft = HeadStream(head, target)

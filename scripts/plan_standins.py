@@ -17,6 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from rich.console import Console  # noqa: E402
 
+from app.drafting.mtp import KIND as MTP  # noqa: E402
 from app.gguf.info import read_model_info  # noqa: E402
 from app.gguf.projector import read_projector  # noqa: E402
 from app.gguf.synthetic import ASSUMED, SHAPES, write_mmproj_header, write_sparse  # noqa: E402
@@ -52,7 +53,7 @@ def main() -> int:
                 vision = read_projector(write_mmproj_header(Path(d) / f"{which}-mmproj.gguf", which))
             req = PlanRequest(vram=parse_size(args.vram), ctx=None if args.mmproj else args.ctx,
                               ctx_is_user_choice=not args.mmproj)
-            plan = make_plan(infos[0], infos[1] if len(infos) > 1 else None, req, detect(), args.ctx, mtp=dr == "mtp",
+            plan = make_plan(infos[0], infos[1] if len(infos) > 1 else None, req, detect(), args.ctx, head=MTP.rows if dr == "mtp" else None,
                              projector=vision)
             out[preset] = plan.to_json()
             if not args.json:

@@ -19,7 +19,8 @@ ALLOWED = {
     "engine": {"errors", "gguf", "plan", "llama", "units"},
     "ops": {"errors", "settings", "units"},
     "chat": {"errors"},
-    "server": {"errors", "gguf", "plan", "llama", "engine", "models", "units", "settings", "ops", "chat"},
+    "drafting": {"errors", "gguf", "plan", "llama", "engine", "units"},  # each drafter kind's parts, declared once
+    "server": {"errors", "gguf", "plan", "llama", "engine", "models", "units", "settings", "ops", "chat", "drafting"},
 }
 
 

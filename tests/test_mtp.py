@@ -283,7 +283,11 @@ def test_the_heads_draft_length_follows_its_acceptance_at_the_slots_depth(model)
     """The head's acceptance is measured per band of context depth (it falls as the context fills):
     a band met for the first time starts from the shallower band's figure, and where the deeper band's
     drafts are rejected the controller drafts shorter there while it drafts long near the start."""
-    from app.engine.drafters.adaptive import mtp_key
+    from app.engine.drafters.adaptive import head_key
+    from app.engine.drafters.mtp import MTP_DEPTH_BANDS
+
+    def mtp_key(band: int) -> str:
+        return head_key("mtp", MTP_DEPTH_BANDS, band)
 
     tc = Context(model, params(8), 1)
     costs = CostModel({n: 0.01 + 0.001 * n for n in range(1, 10)})

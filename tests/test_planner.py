@@ -8,9 +8,11 @@ from app.gguf.info import read_model_info
 from app.gguf.synthetic import SHAPES, write_sparse
 from app.llama.measure import measure
 from app.plan import terms as M
+from app.drafting.mtp import KIND as MTP
 from app.plan.hardware import Gpu, Hardware
 from app.plan.planner import PlanError, PlanRequest, make_plan
 
+MTP_ROWS = MTP.rows
 GiB = 1024**3
 BUFFERS = cpu_buffers()
 NO_GPU = Hardware(gpus=(), ram_total=24 * GiB, ram_available=20 * GiB, cpu_count=2)
@@ -123,7 +125,7 @@ def test_27b_presets_with_their_projector_still_fit_24gib_at_110k(infos, tmp_pat
     which = "gemma3-27b" if target.startswith("gemma") else "qwen3.6-27b"
     vision = read_projector(write_mmproj_header(tmp_path / "mmproj.gguf", which))
     req = PlanRequest(vram=24 * GiB)
-    plan = make_plan(infos[target], None if draft == "mtp" else infos[draft], req, NO_GPU, 110_000, mtp=draft == "mtp",
+    plan = make_plan(infos[target], None if draft == "mtp" else infos[draft], req, NO_GPU, 110_000, head=MTP_ROWS if draft == "mtp" else None,
                      projector=vision)
     assert plan.fits and plan.ctx == 110_000 and plan.used <= plan.budget
     rows = {t.name: t.bytes for t in plan.terms}
@@ -140,19 +142,19 @@ def test_the_mtp_preset_fits_24gib_at_110k_and_counts_its_head(infos):
     target = infos["qwen3.6-27b-mtp"]
     assert (target.n_layers, target.n_nextn, target.n_attention_layers, target.n_recurrent_layers) == (65, 1, 17, 48)
     req = PlanRequest(vram=24 * GiB, ctx=110_000, ctx_is_user_choice=True)
-    plan = make_plan(target, None, req, NO_GPU, 110_000, mtp=True)
-    assert plan.fits and plan.ctx == 110_000 and plan.draft is None and plan.mtp is not None
+    plan = make_plan(target, None, req, NO_GPU, 110_000, head=MTP_ROWS)
+    assert plan.fits and plan.ctx == 110_000 and plan.draft is None and plan.head is not None
     terms = {t.name: t.bytes for t in plan.terms}
     assert terms["MTP head weights"] == M.nextn_bytes(target) > 250 * 2**20  # measured layout: 264 MiB
     mtp_cs = M.context_shape(plan.ctx, plan.parallel, plan.target.type_k, plan.target.type_v)
     assert terms["MTP KV cache"] == M.kv_bytes(target, mtp_cs, nextn=True) > 0
     assert {"MTP compute buffer", "target hidden-state output buffer", "target compute (hidden-state output)"} <= set(terms)
     assert "target compute buffer" not in terms
-    assert plan.mtp.n_ctx == plan.target.n_ctx and plan.mtp.n_rs_seq == 0
+    assert plan.head.n_ctx == plan.target.n_ctx and plan.head.n_rs_seq == 0
     plain = make_plan(target, None, PlanRequest(vram=24 * GiB, ctx=110_000, ctx_is_user_choice=True, draft_max=plan.draft_max),
                       NO_GPU, 110_000)
     plain_weights = next(t.bytes for t in plain.terms if t.name == "target weights")
-    assert plain.mtp is None and terms["target weights"] == plain_weights
+    assert plain.head is None and terms["target weights"] == plain_weights
     assert abs(plain.used + terms["MTP head weights"] - plan.used) < plan.used * 0.1
 
 
@@ -185,9 +187,9 @@ def test_the_mtp_plan_s_buffers_match_llama_cpp_on_the_27b_standin(infos, standi
     upper bound (llama.cpp reuses more of it), within 40 %."""
     target = infos["qwen3.6-27b-mtp"]
     req = PlanRequest(vram=24 * GiB, ctx=ctx, ctx_is_user_choice=True)
-    plan = make_plan(target, None, req, NO_GPU, ctx, mtp=True)
+    plan = make_plan(target, None, req, NO_GPU, ctx, head=MTP_ROWS)
     t = plan.target
-    assert t.n_outputs_max == plan.parallel * (1 + plan.draft_max) and plan.mtp.n_outputs_max == plan.parallel
+    assert t.n_outputs_max == plan.parallel * (1 + plan.draft_max) and plan.head.n_outputs_max == plan.parallel
     got = measure(standins["qwen3.6-27b-mtp"], t.n_ctx, t.type_k, t.type_v, n_ubatch=t.n_ubatch, n_seq_max=t.n_seq_max,
                   n_rs_seq=t.n_rs_seq, no_alloc=True, mtp=True, n_outputs_max=t.n_outputs_max)
     terms = {x.name: x.bytes for x in plan.terms}
@@ -201,7 +203,7 @@ def test_the_mtp_plan_s_buffers_match_llama_cpp_on_the_27b_standin(infos, standi
 
 def test_mtp_on_a_target_without_nextn_layers_is_one_line_naming_the_file(infos):
     with pytest.raises(PlanError, match=r"--draft mtp: qwen3.6-27b.gguf has no MTP \(nextn\) layers"):
-        make_plan(infos["qwen3.6-27b"], None, PlanRequest(vram=24 * GiB), NO_GPU, 110_000, mtp=True)
+        make_plan(infos["qwen3.6-27b"], None, PlanRequest(vram=24 * GiB), NO_GPU, 110_000, head=MTP_ROWS)
 
 
 def test_hybrid_plan_reserves_rollback_snapshots(infos):

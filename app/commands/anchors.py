@@ -12,7 +12,7 @@ import urllib.request
 from pathlib import Path
 
 from app.ops.client import wait_until_ready
-from app.plan.planner import MTP_DRAFT_MAX
+from app.drafting.mtp import DRAFT_MAX as MTP_DRAFT_MAX
 
 DRAFT_N_MAX = 8  # the draft model at a fixed length, greedy (our "draft" mode, and llama-server's draft-simple)
 ANCHOR_P_MIN = 0.75  # llama-server's best draft setting here (FACTS: n-max 8, p-min 0.75)

@@ -55,6 +55,7 @@ from app.commands.workloads import agent_turns
 from app.errors import SpecdeckError
 from app.gguf.info import read_model_info
 from app.plan.hardware import detect
+from app.drafting.kinds import head_of, rows_of
 from app.plan.planner import make_plan
 
 
@@ -83,7 +84,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     draft = read_model_info(local_path(fetcher, sel.draft)) if sel.draft else None
     vision = projector(fetcher, sel, target, need=True)
     plan = make_plan(target, draft, plan_request_of(ctx=args.ctx, ctx_is_user_choice=True, parallel=1, draft_max=16), hw, args.ctx,
-                     mtp=sel.mtp, projector=vision)
+                     head=rows_of(sel), projector=vision)
     # the adaptive modes verify up to ADAPTIVE_N_MAX drafted tokens: the target's logits rows for them
     plan.target = plan.target.with_rows(ADAPTIVE_N_MAX + 1)
     n_threads = threads(args.threads, hw)
@@ -100,7 +101,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
                              plan.target.flash_attn)
                if server else contextlib.nullcontext(None))
     with servers as up:
-        loaded = load(plan, target, draft, n_threads, chat_template=template, mmproj=vision.path if vision else None)
+        loaded = load(plan, target, draft, n_threads, chat_template=template, mmproj=vision.path if vision else None,
+                      head=head_of(sel))
         try:
             log(f"bench: {sel.name}, {n_threads} threads, {max_tokens} tokens per prompt, {args.repeats} repeats"
                 + (f", the agent workload ({len(prompts)} turns, two sessions interleaved; every mode starts from an "

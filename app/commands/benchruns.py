@@ -13,11 +13,11 @@ from app.commands.equivalence import prompt_tokens
 from app.engine.calibration import calibrate
 from app.engine.controller import Controller
 from app.engine.drafters.adaptive import adaptive_controller
-from app.engine.drafters.mtp import MtpDrafter
+from app.engine.drafters.base import HeadDrafter
 from app.engine.engine import Engine, Request, SpecParams
 from app.engine.loader import DRAFTER_KINDS, Loaded, build_drafter
 from app.llama.context import Context
-from app.plan.planner import MTP_DRAFT_MAX
+from app.drafting.mtp import DRAFT_MAX as MTP_DRAFT_MAX
 
 MODES = ("plain", "adaptive", "lookup", "draft")  # plain and adaptive side by side; the order flips each repeat
 CARD_MODES = ("plain", "adaptive", "lookup", "suffix", "draft")  # bench --f32-target: every single mode beside adaptive
@@ -77,17 +77,17 @@ def answers_unlike_plain(workloads: dict) -> list[dict]:
 
 
 def _drafters(loaded: Loaded, controller: Controller) -> dict:
-    return mode_drafters(loaded.draft, controller, loaded.mtp)
+    return mode_drafters(loaded.draft, controller, loaded.head)
 
 
-def mode_drafters(draft: Context | None, controller: Controller, mtp: MtpDrafter | None = None) -> dict:
+def mode_drafters(draft: Context | None, controller: Controller, head: HeadDrafter | None = None) -> dict:
     """Every mode's drafter as bench measures it ({mode: drafter}, None for plain): one controller
     for all but adaptive-local, which keeps its own acceptance estimates on the same measured costs
-    (what one mode learns must not steer the other). `mtp`: the target's MTP head in the draft
+    (what one mode learns must not steer the other). `head`: the target's MTP head in the draft
     model's place (one head, shared by the modes in turn)."""
-    drafters = {mode: build_drafter(mode, draft, controller, mtp=mtp) for mode in DRAFTER_KINDS}
+    drafters = {mode: build_drafter(mode, draft, controller, head=head) for mode in DRAFTER_KINDS}
     drafters["adaptive-local"] = build_drafter("adaptive", draft, adaptive_controller(controller.costs), suffix_tokens=0,
-                                               mtp=mtp)
+                                               head=head)
     return drafters
 
 
@@ -107,9 +107,9 @@ def measure_one(loaded: Loaded, drafter, mode: str, ids: list[int], max_tokens: 
     """One greedy request through a fresh engine with this mode's drafter; its figures go to `res`."""
     # fixed-length draft mode: the draft model at llama-server draft-simple's length, the MTP head
     # alone at draft-mtp's (the anchors' lengths)
-    n_max = ADAPTIVE_N_MAX if mode.startswith("adaptive") else MTP_DRAFT_MAX if loaded.mtp is not None else DRAFT_N_MAX
-    if loaded.mtp is not None:  # the head follows the target only in the modes it drafts in
-        loaded.mtp.follow(drafter is loaded.mtp or getattr(drafter, "model", None) is loaded.mtp)
+    n_max = ADAPTIVE_N_MAX if mode.startswith("adaptive") else MTP_DRAFT_MAX if loaded.head is not None else DRAFT_N_MAX
+    if loaded.head is not None:  # the head follows the target only in the modes it drafts in
+        loaded.head.follow(drafter is loaded.head or getattr(drafter, "model", None) is loaded.head)
     engine = Engine(loaded.target, drafter, 1, draft_limit=n_max, costs=getattr(drafter, "controller", None))
     req = Request(prompt=ids, max_tokens=max_tokens, stop_tokens=loaded.tokenizer.stop_tokens,
                   speculative=SpecParams(enabled=mode != "plain", n_max=n_max))
@@ -136,14 +136,14 @@ def measure_one(loaded: Loaded, drafter, mode: str, ids: list[int], max_tokens: 
 def llama_draft_seconds(loaded: Loaded) -> float:
     """Seconds the drafter has spent in llama.cpp drafting (the MTP head's drafts only, not the
     evaluation that follows each target decode)."""
-    if loaded.mtp is not None:
-        return loaded.mtp.draft_seconds
+    if loaded.head is not None:
+        return loaded.head.draft_seconds
     return loaded.draft.decode_seconds if loaded.draft else 0.0
 
 
 def _calibrated(loaded: Loaded, log) -> Controller:
     t = time.perf_counter()
-    costs = calibrate(loaded.target, loaded.draft, ADAPTIVE_N_MAX, mtp=loaded.mtp)
+    costs = calibrate(loaded.target, loaded.draft, ADAPTIVE_N_MAX, head=loaded.head)
     log(f"calibrated in {time.perf_counter() - t:.1f} s: c_verify(n) ms "
         + " ".join(f"{n}: {costs.verify[n] * 1e3:.1f}" for n in sorted(costs.verify))
         + (f"; c_draft {costs.draft * 1e3:.1f} ms" if costs.draft else "")

@@ -33,6 +33,8 @@ from app.commands.common import (
     serve_settings,
 )
 from app.commands.start_request import StartRequest
+from app.drafting.kind import DrafterKind
+from app.drafting.kinds import head_of
 from app.errors import SpecdeckError
 from app.gguf.info import ModelInfo
 from app.models.fetch import Fetcher
@@ -192,20 +194,17 @@ def check_models(states: list[ModelState]) -> Check:
                  data=data)
 
 
-def check_pair(target: ModelInfo, draft: ModelInfo | None, mtp: bool = False) -> Check:
-    from app.gguf.pairing import first_incompatibility, resolve_vocab
+def check_pair(target: ModelInfo, draft: ModelInfo | None, head: DrafterKind | None = None) -> Check:
+    """Whether the drafter can draft for this target: its kind's own check (app/drafting/)."""
+    from app.drafting.kinds import KINDS
 
-    if mtp:
-        if not target.n_nextn:
-            return Check("pair", "fail", f"--draft mtp: {target.path.name} has no MTP (nextn) layers",
-                         "use a file with them (the qwen3.6-27b-mtp preset), or a draft model")
-        return Check("pair", "ok", f"the target drafts with its own MTP head ({target.n_nextn} nextn layer(s))")
-    if draft is None:
+    if head is None and draft is None:
         return Check("pair", "ok", "no draft model: speculation uses prompt lookup only")
-    bad = first_incompatibility(resolve_vocab(target, None), resolve_vocab(draft, None))
-    if bad is not None:
-        return Check("pair", "fail", f"the draft cannot serve the target (rule {bad.rule}): {bad.message}",
-                     "pick a draft of the same family (--draft); `specdeck check` shows both vocabularies")
+    kind = head or KINDS["draft"]
+    if why := kind.check(target, draft):
+        return Check("pair", "fail", why, kind.hint or None)
+    if head is not None:
+        return Check("pair", "ok", f"the target drafts with {head.summary} ({target.n_nextn} nextn layer(s))")
     return Check("pair", "ok", "the draft can serve the target (llama.cpp's rules, from the headers)")
 
 
@@ -401,9 +400,10 @@ def model_checks(subject: Subject, hw: Hardware) -> list[Check]:
                 raise SpecdeckError(f"{m.name}: no such file")
     except SpecdeckError as e:
         return checks + [Check("plan", "warn", f"cannot read the headers to plan: {e.message}", e.hint), check_ram(hw, None)]
-    checks.append(check_pair(infos["target"], infos.get("draft"), sel.mtp))
+    head = head_of(sel)
+    checks.append(check_pair(infos["target"], infos.get("draft"), head))
     plan = check_plan(lambda: make_plan(infos["target"], infos.get("draft"), subject.plan_request, hw, sel.context,
-                                        mtp=sel.mtp),
+                                        head=head.rows if head else None),
                       subject.plan_request.ctx or sel.context)
     return checks + [plan, check_ram(hw, plan.data["used"] if plan.data.get("device") == "cpu" else None)]
 

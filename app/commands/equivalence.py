@@ -26,6 +26,7 @@ from app.commands.common import (
     projector,
     template_file,
 )
+from app.drafting.kinds import head_of, rows_of
 from app.engine.engine import Engine, Request, SpecParams
 from app.engine.text import Tokenizer
 from app.errors import SpecdeckError
@@ -369,8 +370,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
         raise SpecdeckError("the prompts have images: name the target's vision projector with --mmproj")
     hw = detect()
     req = plan_request_of(ctx=args.ctx, ctx_is_user_choice=True, parallel=1, draft_max=args.draft_max)
-    plan = make_plan(target, draft, req, hw, args.ctx, mtp=sel.mtp, projector=vision)
-    loaded = load(plan, target, draft, hw.cpu_count, chat_template=chat_template(template_file(args), sel),
+    plan = make_plan(target, draft, req, hw, args.ctx, head=rows_of(sel), projector=vision)
+    loaded = load(plan, target, draft, hw.cpu_count, chat_template=chat_template(template_file(args), sel), head=head_of(sel),
                   mmproj=vision.path if vision is not None else None)
     report = EquivalenceReport()
     try:

@@ -14,6 +14,7 @@ from app.commands.common import (
     plan_request,
     projector,
 )
+from app.drafting.kinds import rows_of
 from app.plan.hardware import detect
 from app.plan.planner import make_plan
 from app.plan.view import render_plan
@@ -26,7 +27,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     target = model_info(fetcher, sel.target)
     draft = model_info(fetcher, sel.draft) if sel.draft else None
     req = plan_request(args)
-    plan = make_plan(target, draft, req, detect(), sel.context, mtp=sel.mtp, projector=projector(fetcher, sel, target))
+    plan = make_plan(target, draft, req, detect(), sel.context, head=rows_of(sel), projector=projector(fetcher, sel, target))
     if args.json:
         out.print_json(json.dumps(plan.to_json()))
     else:

@@ -20,6 +20,7 @@ from app.commands.common import (
     threads,
 )
 from app.commands.start_request import Chosen, NamedModel, StartRequest, served
+from app.drafting.kinds import head_of
 from app.errors import SpecdeckError
 from app.gguf.info import ModelInfo, read_model_info
 from app.models.refs import Selection
@@ -76,10 +77,11 @@ def model_start(sel: Selection, files: dict[str, Path], req: StartRequest, hw: H
     embedder = read_model_info(files["embedding"]) if "embedding" in files else None
     vision = fitting_projector(files["mmproj"], target) if "mmproj" in files else None
     asked = req.model_plan_request(named, draft_max=settings.draft_max)
-    plan = make_plan(target, draft, asked, hw, sel.context, embedder, mtp=sel.mtp and settings.speculative, projector=vision)
+    head = head_of(sel, settings.speculative)
+    plan = make_plan(target, draft, asked, hw, sel.context, embedder, head=head.rows if head else None, projector=vision)
     return ModelStart(named.name or sel.name, plan, target, draft, embedder, chat_template(settings.chat_template_file, sel),
                       files.get("mmproj"), tuple(named.aliases),
-                      named.unload_after if named.unload_after is not None else settings.unload_after)
+                      named.unload_after if named.unload_after is not None else settings.unload_after, head)
 
 
 def serve_once(req: StartRequest, start) -> int:
@@ -115,7 +117,7 @@ def model_facts(m: ModelStart, settings: ServeSettings) -> str:
 def speculation_label(speculative: bool, draft: ModelInfo | None, plan: Plan) -> str:
     if not speculative:
         return "off"
-    return "on, the target's MTP head drafting" if plan.mtp else "on" if draft else "lookup only"
+    return f"on, the target's {plan.head_label} drafting" if plan.head else "on" if draft else "lookup only"
 
 
 @contextlib.contextmanager

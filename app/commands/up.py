@@ -35,7 +35,8 @@ from app.engine.loader import Loaded
 from app.errors import PairError, SpecdeckError
 from app.models.refs import Selection
 from app.plan.hardware import detect
-from app.plan.planner import Plan, require_mtp_head
+from app.drafting.kinds import head_of
+from app.plan.planner import Plan, PlanError
 from app.plan.view import render_plan
 from app.server.model_start import ModelStart, Resolved
 from app.server.settings import ServeSettings
@@ -147,8 +148,9 @@ def check_files(sel: Selection, got: dict, settings: ServeSettings, steps: Steps
     """Whether the draft can serve the target (llama.cpp's rules), or the MTP head can draft."""
     result = check_pair(got["target"].path, got["draft"].path if "draft" in got else None, probe=True,
                         mtp=sel.mtp and settings.speculative)
-    if sel.mtp and settings.speculative:
-        require_mtp_head(result.target.info)
+    head = head_of(sel, settings.speculative)
+    if head is not None and (why := head.check(result.target.info, None)):
+        raise PlanError(why, hint=head.hint or None)
     for w in result.warnings:
         steps.console.print(f"  [yellow]warning:[/] {w}", soft_wrap=True)
     if result.draft is not None and not result.compatible:
@@ -177,7 +179,7 @@ def load_and_warm(m: ModelStart, threads: int, settings: ServeSettings, steps: S
         with steps.step("load models", spinner=True) as r:
             speculative = settings.speculative
             loaded = load_model(m, threads, settings, cancel=steps.stop)
-            drafter = ", MTP head loaded" if m.plan.mtp else ", draft loaded" if loaded.draft else ""
+            drafter = f", {m.plan.head_label} loaded" if m.plan.head else ", draft loaded" if loaded.draft else ""
             r["done"] = f"target n_ctx {loaded.target.n_ctx:,}" + drafter + \
                         (", speculation costs calibrated" if speculative else "")
         with steps.step("warm up", spinner=True) as r:

@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 
 from app.engine.controller import CostModel
-from app.engine.drafters.mtp import MtpDrafter
+from app.engine.drafters.base import HeadDrafter
 from app.llama.context import Context, LoadCancelled
 
 
@@ -41,19 +41,6 @@ def _time_decode(ctx: Context, seq: int, start: int, n: int, prefix: int) -> flo
     return elapsed
 
 
-def _time_mtp_token(mtp: MtpDrafter, seq: int, prefix: int, reps: int) -> float:
-    """The median time of one MTP head draft token after the target's prefix on `seq`."""
-    history = [pos % 100 + 5 for pos in range(prefix + 1)]
-    times = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        mtp.propose(seq, history, 1)
-        mtp.mtp.synchronize()
-        times.append(time.perf_counter() - t)
-    mtp.release(seq)
-    return statistics.median(times)
-
-
 def calibration_sizes(k_max: int) -> list[int]:
     """Verify sizes to time: every n up to 9, then doublings and their midpoints up to k_max + 1
     (interpolated between): long lookup drafts need the cost of 33 or 49 tokens, not of each n."""
@@ -64,12 +51,12 @@ def calibration_sizes(k_max: int) -> list[int]:
 
 
 def calibrate(target: Context, draft: Context | None, k_max: int, reps: int = 3, seq: int = 0,
-              stop: Callable[[], bool] | None = None, mtp: MtpDrafter | None = None) -> CostModel:
+              stop: Callable[[], bool] | None = None, head: HeadDrafter | None = None) -> CostModel:
     """Time target decodes of n tokens, n in calibration_sizes(k_max) (logits for all, as in a verify step), and single
     draft tokens, after a short prefix, on a scratch sequence that is cleared afterwards. `stop()`, asked
-    before each timed decode, ends it with LoadCancelled (a stop during start-up). `mtp`: the target's MTP
-    head drafts (its token's cost is timed; it never catches up, and it follows each target decode,
-    which the verify times include)."""
+    before each timed decode, ends it with LoadCancelled (a stop during start-up). `head`: a drafter on
+    the target's own model drafts (its MTP head: its token's cost is its own to time; it never catches
+    up, and it follows each target decode, which the verify times include)."""
     prefix = min(64, target.n_ctx // 4)
     k_max = min(k_max, target.n_ctx - prefix - 2)
     if target.params.n_outputs_max:  # a verify of more rows than the context was made for is refused
@@ -90,8 +77,8 @@ def calibrate(target: Context, draft: Context | None, k_max: int, reps: int = 3,
                 raise LoadCancelled("calibration stopped")
             times[n].append(_time_decode(target, seq, prefix, n, prefix))
     costs = CostModel({n: statistics.median(t) for n, t in times.items()})
-    if mtp is not None:
-        costs.draft = _time_mtp_token(mtp, seq, prefix, reps * 2)
+    if head is not None:
+        costs.draft = head.time_token(seq, prefix, reps * 2)
     if draft is not None:
         costs.draft = statistics.median(_time_decode(draft, seq, prefix, 1, prefix) for _ in range(reps * 2))
         costs.draft_prefill = prefill

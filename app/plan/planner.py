@@ -22,8 +22,7 @@ from app.gguf.projector import ProjectorInfo
 from app.llama.params import ModelParams
 from app.plan import terms as M
 from app.plan.hardware import Hardware
-from app.plan.rows import (Device, Term, VisionFacts, extra_copies, model_terms, mtp_shape, mtp_terms, vision_facts,
-                           vision_terms)
+from app.plan.rows import Device, HeadRows, Term, VisionFacts, extra_copies, model_terms, vision_facts, vision_terms
 
 MiB, GiB = M.MiB, M.GiB
 MIN_CTX = 4096
@@ -104,7 +103,8 @@ class Plan:
     checkpoints: int = 0
     checkpoint_bytes: tuple[int, int] = (0, 0)
     checkpoint_min_step: int = CHECKPOINT_MIN_STEP
-    mtp: ModelParams | None = None  # the target's MTP head's context (--draft mtp), made from the target's model
+    head: ModelParams | None = None  # the context of a drafter on the target's own model (its MTP head), from that model
+    head_label: str = ""  # its name in the plan's table ("MTP head")
     vision: VisionFacts | None = None  # what images cost in context, where a projector is served
 
     @property
@@ -136,7 +136,7 @@ class Plan:
             "terms": [{**asdict(t), "share": t.bytes / self.budget if t.where == "device" else None} for t in self.terms],
             "target": asdict(self.target),
             "draft": asdict(self.draft) if self.draft else None,
-            "mtp": asdict(self.mtp) if self.mtp else None,
+            "head": {**asdict(self.head), "label": self.head_label} if self.head else None,
             "embedding": asdict(self.embedding) if self.embedding else None,
             "vision": asdict(self.vision) if self.vision else None,
             "checkpoints": {"per_slot": self.checkpoints, "bytes": {"target": self.checkpoint_bytes[0],
@@ -193,13 +193,13 @@ def embedding_shape(info: ModelInfo) -> M.ContextShape:
 
 def evaluate(target: ModelInfo, draft: ModelInfo | None, c: Candidate, device: Device, budget: int,
              budget_source: str, reserve: int, margin: int, host_available: int, ctx_wanted: int,
-             buffers: tuple[str, ...] = ("CPU_REPACK",), embedder: ModelInfo | None = None, mtp: bool = False,
+             buffers: tuple[str, ...] = ("CPU_REPACK",), embedder: ModelInfo | None = None, head: HeadRows | None = None,
              projector: ProjectorInfo | None = None) -> Plan:
-    """The full budget for one candidate: every term, and whether it fits. `mtp`: the target's MTP
-    head drafts (no draft model)."""
+    """The full budget for one candidate: every term, and whether it fits. `head`: a drafter on the
+    target's own model drafts (its MTP head; no draft model)."""
     t_ngl = target.n_layers + 1 if c.n_gpu_layers is None else c.n_gpu_layers
     t_cs = _shape(target, c, c.draft_max, c.draft_max + 1)
-    terms = model_terms("target", target, t_cs, t_ngl if device == "cuda" else 0, device, buffers, hidden=mtp)
+    terms = model_terms("target", target, t_cs, t_ngl if device == "cuda" else 0, device, buffers, hidden=head is not None)
     d_params = None
     if draft is not None:
         d_cs = _shape(draft, c, c.draft_max, 1)
@@ -207,12 +207,12 @@ def evaluate(target: ModelInfo, draft: ModelInfo | None, c: Candidate, device: D
         d_params = ModelParams(d_cs.n_ctx, d_cs.n_batch, d_cs.n_ubatch, c.parallel, True, c.type_k, c.type_v,
                                c.flash_attn, False, d_cs.n_rs_seq, draft.n_layers + 1 if device == "cuda" else 0,
                                n_outputs_max=d_cs.n_outputs_max)
-    m_params = None
-    if mtp:
-        terms += mtp_terms(target, t_cs, device)
-        m_params = ModelParams(t_cs.n_ctx, t_cs.n_batch, t_cs.n_ubatch, c.parallel, True, c.type_k, c.type_v,
+    h_params = None
+    if head is not None:
+        terms += head.terms(target, t_cs, device)
+        h_params = ModelParams(t_cs.n_ctx, t_cs.n_batch, t_cs.n_ubatch, c.parallel, True, c.type_k, c.type_v,
                                c.flash_attn, False, 0, t_ngl if device == "cuda" else 0,
-                               n_outputs_max=mtp_shape(t_cs).n_outputs_max)
+                               n_outputs_max=head.shape(t_cs).n_outputs_max)
     e_params = None
     if embedder is not None:
         e_cs, e_ngl = embedding_shape(embedder), embedder.n_layers + 1 if device == "cuda" else 0
@@ -235,7 +235,7 @@ def evaluate(target: ModelInfo, draft: ModelInfo | None, c: Candidate, device: D
                            n_outputs_max=t_cs.n_outputs_max)
     plan = Plan(device, budget, budget_source, terms, False, c.ctx, ctx_wanted, c.parallel, c.draft_max,
                 t_params, d_params, host_available, embedding=e_params, checkpoints=c.checkpoints if sum(ck) else 0,
-                checkpoint_bytes=ck if c.checkpoints else (0, 0), mtp=m_params,
+                checkpoint_bytes=ck if c.checkpoints else (0, 0), head=h_params, head_label=head.label if head else "",
                 vision=vision_facts(projector, c.ctx) if projector is not None else None)
     plan.fits = plan.used <= budget and (device == "cpu" or plan.host_used <= host_available)
     return plan
@@ -243,11 +243,8 @@ def evaluate(target: ModelInfo, draft: ModelInfo | None, c: Candidate, device: D
 
 # -- the search -------------------------------------------------------------------------------
 
-MTP_DRAFT_MAX = 3  # an MTP head is trained one step ahead: llama.cpp's draft-mtp n_max until real weights say more
-
-
 def _choices(req: PlanRequest, target: ModelInfo, draft: ModelInfo | None,
-             mtp: bool = False) -> tuple[list, list, list, list]:
+             head: HeadRows | None = None) -> tuple[list, list, list, list]:
     if req.cache_type_k or req.cache_type_v:
         kv = [(req.cache_type_k or req.cache_type_v or "f16", req.cache_type_v or req.cache_type_k or "f16")]
     else:
@@ -258,7 +255,7 @@ def _choices(req: PlanRequest, target: ModelInfo, draft: ModelInfo | None,
     if req.draft_max is not None:
         dmax = [req.draft_max]
     else:
-        dmax = [MTP_DRAFT_MAX] if mtp else ([8, 4] if recurrent else [8])
+        dmax = [head.draft_max] if head is not None else ([8, 4] if recurrent else [8])
     return kv, parallel, ubatch, dmax
 
 
@@ -308,16 +305,18 @@ def _budget(req: PlanRequest, hw: Hardware) -> tuple[Device, int, str, int, int]
 
 
 def make_plan(target: ModelInfo, draft: ModelInfo | None, req: PlanRequest, hw: Hardware, preset_ctx: int | None,
-              embedder: ModelInfo | None = None, mtp: bool = False, projector: ProjectorInfo | None = None) -> Plan:
+              embedder: ModelInfo | None = None, head: HeadRows | None = None,
+              projector: ProjectorInfo | None = None) -> Plan:
     """The best plan that fits, or a PlanError that says the largest context that does and what to
-    change. `mtp`: the target's own MTP head drafts (--draft mtp). `projector`: the target's vision
-    projector (its weights and compute buffer planned, and what images cost in context)."""
-    if mtp:
-        require_mtp_head(target)
+    change. `head`: a drafter on the target's own model drafts (--draft mtp: its MTP head; the kind
+    declares its rows, app/drafting/). `projector`: the target's vision projector (its weights and
+    compute buffer planned, and what images cost in context)."""
+    if head is not None and (why := head.missing(target)):
+        raise PlanError(why, hint=head.hint or None)
     device, budget, source, reserve, margin = _budget(req, hw)
     ctx_wanted = req.ctx or preset_ctx or min(target.context_length or 32768, 32768)
     _check_request(req, target, draft, device, ctx_wanted)
-    kv, parallel, ubatch, dmax = _choices(req, target, draft, mtp)
+    kv, parallel, ubatch, dmax = _choices(req, target, draft, head)
     models = [target] + ([draft] if draft else [])
     usable = lambda k, v, fa: not any(M.kv_incompatibility(m, k, v, fa, device) for m in models)  # noqa: E731
     attention = _attention(req, device)
@@ -330,7 +329,7 @@ def make_plan(target: ModelInfo, draft: ModelInfo | None, req: PlanRequest, hw: 
             if not usable(tk, tv, fa):
                 continue
             p = evaluate(target, draft, Candidate(ctx, tk, tv, par, ub, dm, ngl, fa, req.ctx_checkpoints), device, budget, source,
-                         reserve, margin, req.ram or hw.ram_available, ctx_wanted, hw.cpu_buffers, embedder, mtp, projector)
+                         reserve, margin, req.ram or hw.ram_available, ctx_wanted, hw.cpu_buffers, embedder, head, projector)
             if p.fits:
                 p.checkpoint_min_step = req.checkpoint_min_step
                 return p
@@ -355,7 +354,7 @@ def make_plan(target: ModelInfo, draft: ModelInfo | None, req: PlanRequest, hw: 
     worst = evaluate(target, draft, Candidate(ctx_wanted, *usable_kv[-1], parallel[-1], ubatch[-1], dmax[-1], ngl,
                                               compact_fa, req.ctx_checkpoints),
                      device, budget, source, reserve, margin, req.ram or hw.ram_available, ctx_wanted, hw.cpu_buffers,
-                     embedder, mtp, projector)
+                     embedder, head, projector)
     short = worst.used - budget
     what = (f"the largest context that fits is {largest:,} tokens (--ctx {largest})" if largest >= 256
             else "even the weights do not fit")
@@ -365,12 +364,6 @@ def make_plan(target: ModelInfo, draft: ModelInfo | None, req: PlanRequest, hw: 
         hint="use a smaller --ctx, a smaller model or draft, a bigger --vram/--ram, or a lower --parallel",
     )
 
-
-def require_mtp_head(target: ModelInfo) -> None:
-    """--draft mtp on a target without nextn layers: one line naming the file."""
-    if not target.n_nextn:
-        raise PlanError(f"--draft mtp: {target.path.name} has no MTP (nextn) layers to draft with",
-                        hint="use a file with them (Qwen3.6-27B's: the qwen3.6-27b-mtp preset), or give a draft model")
 
 
 def _largest_ctx(fits, upper: int) -> int:

@@ -1,8 +1,10 @@
 """The budget's rows for one model: its weights (and the extra copies a CPU build makes), KV cache,
-recurrent state and buffers; and those of a target's MTP head. `planner` adds them up."""
+recurrent state and buffers; and those of a drafter that runs on the target's own model (its MTP
+head: `HeadRows`, which each such drafter kind declares in app/drafting/). `planner` adds them up."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -59,6 +61,21 @@ def model_terms(role: str, info: ModelInfo, cs: M.ContextShape, ngl: int, device
     out.append(Term(f"{role} output buffer", M.output_bytes(info, cs), "host" if device == "cuda" else "device",
                     f"{cs.n_outputs} logits rows x {cs.n_seq} slots"))
     return out
+
+
+@dataclass(frozen=True)
+class HeadRows:
+    """What the planner needs of a drafter that runs on the target's own model (reads its hidden
+    states, keeps a context of its own over the target's cells): declared by its kind
+    (app/drafting/), never named here."""
+
+    name: str  # as --draft names it
+    label: str  # as the plan's table names its column ("MTP head")
+    draft_max: int  # its draft length where the user sets none
+    terms: Callable[[ModelInfo, M.ContextShape, Device], list[Term]]  # its rows beside the target's of this shape
+    shape: Callable[[M.ContextShape], M.ContextShape]  # its context beside the target's
+    missing: Callable[[ModelInfo], str | None]  # why this target cannot carry it (None: it can)
+    hint: str = ""  # what to do then
 
 
 def mtp_shape(cs: M.ContextShape) -> M.ContextShape:

@@ -37,7 +37,7 @@ def render_plan(plan: Plan, title: str) -> Group:
         parts.append(h)
     p = Table(title="llama.cpp parameters")
     p.add_column("")
-    columns = [("target", plan.target), ("draft", plan.draft), ("MTP head", plan.mtp)]
+    columns = [("target", plan.target), ("draft", plan.draft), (plan.head_label, plan.head)]
     for name, params in columns:
         if params:
             p.add_column(name)
@@ -47,7 +47,7 @@ def render_plan(plan: Plan, title: str) -> Group:
     parts.append(p)
     summary = (f"context {plan.ctx:,} tokens (wanted {plan.ctx_wanted:,}), {plan.parallel} slot(s) sharing one "
                f"KV pool, up to {plan.draft_max} drafted tokens per step"
-               + (" (the target's MTP head drafts)" if plan.mtp else ""))
+               + (f" (the target's {plan.head_label} drafts)" if plan.head else ""))
     parts.append(Text(summary))
     if plan.vision is not None:
         v = plan.vision

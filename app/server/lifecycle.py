@@ -27,7 +27,7 @@ def open_service(m: ModelStart, settings: ServeSettings, start: Start) -> tuple[
     plan = m.plan
     service = Service(model_id=m.name, n_ctx=plan.ctx, speculative_default=True, plan=plan,
                       models={"target": str(m.target.path),
-                              "draft": str(m.draft.path) if m.draft else "mtp" if plan.mtp else None},
+                              "draft": str(m.draft.path) if m.draft else m.head.name if m.head else None},
                       details=model_details(m.target), revision=start.revision, machine=start.machine,
                       digests=model_digests(start.digests, m.name), fallback=start.fallback)
     return service, create_app(model_settings(settings, m), service)
@@ -49,7 +49,7 @@ def load_model(m: ModelStart, threads: int, settings: ServeSettings, cancel: thr
     """The model's contexts and engine; `costs`: the speculation costs its earlier load measured."""
     return load(m.plan, m.target, m.draft, threads, adaptive=settings.speculative, suffix_tokens=settings.suffix_tokens,
                 cache_ram_mib=settings.cache_ram, cancel=cancel, chat_template=m.chat_template, mmproj=m.mmproj,
-                costs=costs)
+                costs=costs, head=m.head)
 
 
 def go_live(service: Service, app, loaded: Loaded, m: ModelStart, settings: ServeSettings, threads: int,

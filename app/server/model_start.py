@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from app.gguf.info import ModelInfo
+from app.drafting.kind import DrafterKind
 from app.ops.alerts import AlertSettings
 from app.plan.hardware import Hardware
 from app.plan.planner import Plan
@@ -28,6 +29,7 @@ class ModelStart:
     mmproj: Path | None = None  # the target's vision projector
     aliases: tuple[str, ...] = ()  # other names requests may give it
     unload_after: float | None = None  # seconds idle before it unloads (None: kept loaded)
+    head: DrafterKind | None = None  # the drafter on the target's own model the plan has rows for (its MTP head)
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from app.engine.controller import Candidate, Choice, Controller, CostModel
 from app.engine.drafters.base import Ask, Draft, DrafterBase, Why
 from app.engine.drafters.lookup import LOOKUP_PRIORS, LookupDrafter, lookup_key
 from app.engine.drafters.model import ModelDrafter
-from app.engine.drafters.mtp import MtpDrafter
+from app.engine.drafters.base import HeadDrafter
 from app.engine.drafters.resume import Resume, resume_key
 from app.engine.drafters.suffix import SUFFIX_PRIORS, Match, SuffixDrafter, suffix_key
 from app.engine.drafters.worth import DraftWorth
@@ -30,7 +30,7 @@ class AdaptiveDrafter(DrafterBase):
     name = "adaptive"
     LOOKUP_COST = 2e-5  # seconds per proposed token: a dictionary lookup
 
-    def __init__(self, controller: Controller, lookup: LookupDrafter | None, model: ModelDrafter | MtpDrafter | None,
+    def __init__(self, controller: Controller, lookup: LookupDrafter | None, model: ModelDrafter | HeadDrafter | None,
                  suffix: SuffixDrafter | None = None) -> None:
         """`controller`: one made by `adaptive_controller` (it knows this drafter's keys and groups)."""
         self.controller = controller
@@ -148,13 +148,13 @@ class AdaptiveDrafter(DrafterBase):
         fills (published for Qwen3.6: 80-91 % near empty, ~53 % at 34K, 40-55 % at 86K), so its
         acceptance is measured per depth band and its draft length follows the band the slot is in;
         a band met for the first time starts from the shallower band's measure."""
-        if not isinstance(self.model, MtpDrafter):
-            return self.model.name
-        band = sum(depth >= b for b in MTP_DEPTH_BANDS)
+        bands = getattr(self.model, "depth_bands", ())  # a head drafter's (HeadDrafter); a draft model has none
+        name = self.model.name
+        band = sum(depth >= b for b in bands)
         for b in range(1, band + 1):  # shallowest first: each new band from the one before it
-            if mtp_key(b) not in self.controller.priors:
-                self.controller.priors[mtp_key(b)] = self.controller.alpha(mtp_key(b - 1))
-        return mtp_key(band)
+            if head_key(name, bands, b) not in self.controller.priors:
+                self.controller.priors[head_key(name, bands, b)] = self.controller.alpha(head_key(name, bands, b - 1))
+        return head_key(name, bands, band)
 
     def _is_model(self, key: str) -> bool:
         return self.model is not None and (key == self.model.name or key.startswith(self.model.name + "@"))
@@ -195,7 +195,7 @@ class AdaptiveDrafter(DrafterBase):
         draft step), a draft model's one sequence after another (each catches up on its own)."""
         if not pending:
             return []
-        if isinstance(self.model, MtpDrafter):
+        if not isinstance(self.model, ModelDrafter):  # a head drafter: every sequence in one decode
             t = time.perf_counter()
             drafts = self.model.propose_many([p.ask for p in pending], [p.worth for p in pending])
             if self.model.decodes and self.controller.learn_costs:
@@ -298,13 +298,9 @@ def text_key(source: str, m: Match) -> str:
     return suffix_key(m.depth, m.count) if source == "suffix" else lookup_key(m.depth)
 
 
-# where an MTP head's acceptance is measured apart: below 4K tokens of context, then up to 16K, 48K,
-# and beyond (the published acceptance falls from 80-91 % near empty to ~53 % at 34K)
-MTP_DEPTH_BANDS = (4096, 16384, 49152)
-
-
-def mtp_key(band: int) -> str:
-    return MtpDrafter.name if band == 0 else f"{MtpDrafter.name}@{MTP_DEPTH_BANDS[band - 1] // 1024}k"
+def head_key(name: str, bands: tuple[int, ...], band: int) -> str:
+    """The controller's key of a drafter's acceptance in a depth band ("mtp", "mtp@4k", ...)."""
+    return name if band == 0 else f"{name}@{bands[band - 1] // 1024}k"
 
 
 SHALLOW = 8  # a match shorter than this (tokens) may be chance: a short phrase, a common shape

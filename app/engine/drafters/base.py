@@ -102,6 +102,30 @@ class Drafter(Protocol):
         ...
 
 
+class HeadDrafter(Drafter, Protocol):
+    """A drafter that runs on the target's own model (its MTP head; EAGLE-3 and DFlash read the same
+    hidden states): a context of its own, kept in step with the target's decodes."""
+
+    draft_seconds: float  # in llama.cpp, drafting
+    depth_bands: tuple[int, ...]  # context depths where its acceptance is measured apart (its fall with depth)
+
+    @property
+    def context(self):
+        """Its own context (closed before the target's)."""
+        ...
+
+    def follow(self, on: bool) -> None:
+        """Follow the target's decodes from now on, or stop (and forget what it followed)."""
+        ...
+
+    def time_token(self, seq: int, prefix: int, reps: int) -> float:
+        """The median seconds of one drafted token after `prefix` tokens on `seq` (calibration)."""
+        ...
+
+    def close(self) -> None:
+        ...
+
+
 class DrafterBase:
     """Defaults for the optional parts of `Drafter`: nothing to reset or share, and each sequence's
     draft proposed on its own (and timed on its own)."""

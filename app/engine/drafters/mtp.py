@@ -23,6 +23,8 @@ there, never wrong (the target verifies every token).
 from __future__ import annotations
 
 import logging
+import statistics
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -76,10 +78,16 @@ class _Chain:
     row: int = -1  # its row in the head's last batch
 
 
+# where an MTP head's acceptance is measured apart: below 4K tokens of context, then up to 16K, 48K,
+# and beyond (the published acceptance falls from 80-91 % near empty to ~53 % at 34K)
+MTP_DEPTH_BANDS = (4096, 16384, 49152)
+
+
 class MtpDrafter(DrafterBase):
     """Drafts with the target's MTP head; `mtp` is the head's context, made with `mtp_of=target`."""
 
     name = "mtp"
+    depth_bands = MTP_DEPTH_BANDS  # its acceptance is measured per band of context depth (see AdaptiveDrafter)
 
     def __init__(self, target: Context, mtp: Context, p_min: float = SURE) -> None:
         """`p_min`: a greedy draft not priced by the controller (`worth`) ends before its first token
@@ -102,6 +110,23 @@ class MtpDrafter(DrafterBase):
         target.emit_hidden(masked=False)
         mtp.emit_hidden(masked=True)
         self.follow(True)
+
+    @property
+    def context(self):
+        """The head's own context (of the target's model): closed with the target's."""
+        return self.mtp
+
+    def time_token(self, seq: int, prefix: int, reps: int) -> float:
+        """The median time of one drafted token after the target's prefix on `seq` (calibration)."""
+        history = [pos % 100 + 5 for pos in range(prefix + 1)]
+        times = []
+        for _ in range(reps):
+            t = time.perf_counter()
+            self.propose(seq, history, 1)
+            self.mtp.synchronize()
+            times.append(time.perf_counter() - t)
+        self.release(seq)
+        return statistics.median(times)
 
     def follow(self, on: bool) -> None:
         """Follow the target's decodes (from now on), or stop: a benchmark's modes that do not draft
