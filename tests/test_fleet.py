@@ -386,6 +386,21 @@ def test_a_budget_that_holds_one_switches_on_demand_with_requests_to_both_in_fli
     assert rev["status"] == "good" and rev["preset"] == "coder+gemma", rev
     assert {"coder:target", "coder:draft", "gemma:target"} <= set(rev["models"]), rev["models"]
     assert [m["name"] for m in rev["args"]["models"]] == ["coder", "gemma"]
+    import subprocess
+
+    from support.live import ROOT, SPECDECK
+
+    r = subprocess.Popen([*SPECDECK, "rollback", str(rev["number"])], cwd=ROOT, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.PIPE, text=True)
+    try:  # the set starts again: both served, the first loaded, on the recorded port
+        assert wait(lambda: r.poll() is not None or healthy(url), 300), "rollback never served"
+        assert r.poll() is None, r.communicate()
+        assert [m["name"] for m in httpx.get(f"{url}/api/tags").json()["models"]] == ["coder", "gemma"]
+        assert loaded(url) == {"coder"} and ask(url, "gemma").json()["model"] == "gemma"
+        r.terminate()
+        assert r.wait(60) == 0
+    finally:
+        r.kill()
 
 
 def test_bad_model_flags_and_sections_are_one_line_each(tiny, tmp_path):

@@ -195,7 +195,7 @@ class AdaptiveDrafter(DrafterBase):
         draft step), a draft model's one sequence after another (each catches up on its own)."""
         if not pending:
             return []
-        if not isinstance(self.model, ModelDrafter):  # a head drafter: every sequence in one decode
+        if hasattr(self.model, "propose_many"):  # a head drafter (HeadDrafter): every sequence in one decode
             t = time.perf_counter()
             drafts = self.model.propose_many([p.ask for p in pending], [p.worth for p in pending])
             if self.model.decodes and self.controller.learn_costs:

@@ -122,6 +122,11 @@ class HeadDrafter(Drafter, Protocol):
         """The median seconds of one drafted token after `prefix` tokens on `seq` (calibration)."""
         ...
 
+    def propose_many(self, asks: Sequence[Ask], worths: Sequence | None = None) -> list[Draft]:
+        """Every sequence's draft in one decode per draft step (the controller's `worths` may end
+        each early)."""
+        ...
+
     def close(self) -> None:
         ...
 
