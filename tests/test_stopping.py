@@ -213,11 +213,19 @@ def test_sigterm_mid_speculation_ends_the_stream_with_a_reason_and_exits_0(real_
             lines.extend(r.iter_lines())
         return r.status_code
 
+    def status() -> dict:
+        return httpx.get(url + "/v1/status", timeout=30).json()
+
     try:
-        t, status = in_thread(stream)
+        t, status_code = in_thread(stream)
+        # the stream alone until it has drafted (its answer's copy of the code has begun): a preamble
+        # longer than `chunks` would otherwise end it before any draft
+        assert wait_for(lambda: sum(x.startswith("data: {") for x in lines) >= chunks
+                        and any(x["state"] == "generating" and x.get("drafted", 0) > 0 for x in status()["slots"]),
+                        300, 0.02), s.output[-2000:]
         plain, got_p = in_thread(lambda: httpx.post(url + "/v1/chat/completions", timeout=300, json={
             "messages": [{"role": "user", "content": EDIT}], "max_tokens": 2000}))
-        assert wait_for(lambda: sum(x.startswith("data: {") for x in lines) >= chunks, 300, 0.02), s.output[-2000:]
+        assert wait_for(lambda: status()["busy_slots"] + status()["queue"] >= 2, 60, 0.02)  # the other is in
         rc, took = stop_and_wait(s)
         t.join(30)
         plain.join(30)
@@ -226,7 +234,7 @@ def test_sigterm_mid_speculation_ends_the_stream_with_a_reason_and_exits_0(real_
     print(f"SIGTERM after {chunks} chunks of a speculative answer: exit {rc} in {took:.1f} s")
     assert rc == 0 and took < 30, (rc, took)
     data = [json.loads(x[6:]) for x in lines if x.startswith("data: {")]
-    assert status == [200] and [x for x in lines if x][-1] == "data: [DONE]"
+    assert status_code == [200] and [x for x in lines if x][-1] == "data: [DONE]"
     assert data[-1]["choices"][0]["finish_reason"] == "abort", data[-1]
     assert data[-1]["timings"]["draft_n"] > 0  # it was speculating: drafts were verified and rolled back
     assert isinstance(got_p[0], httpx.Response) and got_p[0].status_code == 503
