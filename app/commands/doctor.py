@@ -204,7 +204,7 @@ def check_pair(target: ModelInfo, draft: ModelInfo | None, head: DrafterKind | N
     if why := kind.check(target, draft):
         return Check("pair", "fail", why, kind.hint or None)
     if head is not None:
-        return Check("pair", "ok", f"the target drafts with {head.summary} ({target.n_nextn} nextn layer(s))")
+        return Check("pair", "ok", f"the target drafts with {head.summary}")
     return Check("pair", "ok", "the draft can serve the target (llama.cpp's rules, from the headers)")
 
 

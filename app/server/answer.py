@@ -163,6 +163,9 @@ def _with_call_grammar(service: Service, prompt: ChatPrompt, forced: list[dict] 
     return prompt
 
 
+SSE_KEEP_ALIVE = b": keep-alive\n\n"  # an SSE comment: clients skip it, their idle timers restart
+
+
 @dataclass
 class Idle:
     """Nothing new for --keep-alive seconds (the prompt is still being read): a stream sends a

@@ -76,6 +76,11 @@ class Member:
         return footprint(self.start)
 
     @property
+    def label(self) -> str:
+        """Its state as the listings show it."""
+        return self.state + (" (draining)" if self.draining else "")
+
+    @property
     def resident(self) -> bool:
         return self.state in ("loading", "loaded", "unloading")
 
@@ -300,7 +305,7 @@ class Fleet:
         out = []
         with self.lock:
             for m in self.members.values():
-                out.append({"name": m.name, "state": m.state + (" (draining)" if m.draining else ""),
+                out.append({"name": m.name, "state": m.label,
                             "busy": m.busy, "bytes": m.bytes, "loaded_at": m.loaded_at,
                             "idle_for": round(now - m.last_used, 1) if m.state == "loaded" and not m.busy and m.last_used else None,
                             "expires_in": round(m.expires - now, 1) if m.expires is not None else None,

@@ -26,6 +26,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from app import __version__
 from app.server.access import SELF_HEADER, SourceAllowlist
+from app.server.answer import SSE_KEEP_ALIVE
 from app.server.app import add_error_handlers
 from app.server.audit import AccessLog, Usage, current_usage, open_sink
 from app.server.core import capacity, refresh_gauges, status_json
@@ -40,7 +41,6 @@ log = logging.getLogger("specdeck.server")
 
 LOCAL_ORIGINS = r"^https?://(localhost|127\.0\.0\.1|\[::1\])(:\d+)?$"
 POLL = 0.05  # seconds between looks at a model being loaded
-SSE_KEEP_ALIVE = b": keep-alive\n\n"
 ANTHROPIC_PING = b'event: ping\ndata: {"type": "ping"}\n\n'
 STREAMED_BY_DEFAULT = ("/api/chat", "/api/generate")  # Ollama's answers stream unless told not to
 
@@ -152,7 +152,7 @@ def create_front(settings: ServeSettings, fleet: Fleet) -> FastAPI:
         if m is None:
             raise ApiError(404, f"model '{model}' is not served here", "not_found_error", "model", code="model_not_found")
         if not m.service.ready:
-            raise ApiError(503, f"model {m.name} is not loaded ({fleet_state(fleet, m)})", "server_error",
+            raise ApiError(503, f"model {m.name} is not loaded ({m.label})", "server_error",
                            headers={"Retry-After": "5"}, extra={"fleet": fleet.view()})
         return {**status_json(m.service, m.app.state.metrics), "model": m.name, "fleet": fleet.view(),
                 "settings": settings.model_dump(mode="json", exclude={"api_key"})}
@@ -194,10 +194,6 @@ def create_front(settings: ServeSettings, fleet: Fleet) -> FastAPI:
     app.openapi = openapi
     app.router.default = Dispatch(settings, fleet)
     return app
-
-
-def fleet_state(fleet: Fleet, m: Member) -> str:
-    return next(v["state"] for v in fleet.view() if v["name"] == m.name)
 
 
 def fleet_capacity(fleet: Fleet) -> dict:

@@ -20,7 +20,7 @@ from app.chat.stream import TextDelta
 from app.engine.sampling import check_grammar
 from app.engine.text import Tokenizer
 from app.errors import SpecdeckError
-from app.server.answer import Answer, Failure, Final, Idle
+from app.server.answer import SSE_KEEP_ALIVE, Answer, Failure, Final, Idle
 from app.server.core import (
     STREAM_HEADERS,
     Progress,
@@ -286,7 +286,7 @@ async def _stream(request: Request, answer: Answer, budget: _Budget, body: Nativ
     sse = lambda obj: f"data: {json.dumps(obj)}\n\n".encode()  # noqa: E731
     async for item in answer.stream(request, keep_alive):
         if isinstance(item, Idle):
-            yield b": keep-alive\n\n"  # an SSE comment: clients skip it, their idle timers restart
+            yield SSE_KEEP_ALIVE
         elif isinstance(item, Progress):  # return_progress: the prompt's evaluation so far
             yield sse({"content": "", "tokens": [], "stop": False, "id_slot": 0, "index": 0, **prompt_progress(item)})
         elif isinstance(item, TextDelta):

@@ -17,7 +17,7 @@ from app.chat.stream import CallEnd, ChatStream, ReasoningDelta, TextDelta
 from app.engine.sampling import check_grammar
 from app.engine.text import Tokenizer
 from app.errors import SpecdeckError
-from app.server.answer import Answer, Failure, Final, Idle, chat_prompt, thinking_of
+from app.server.answer import SSE_KEEP_ALIVE, Answer, Failure, Final, Idle, chat_prompt, thinking_of
 from app.server.conversation import Chat, Message, ToolChoice
 from app.server.core import (
     STREAM_HEADERS,
@@ -279,7 +279,7 @@ async def _stream(request: Request, answer: Answer, kind: str, head: dict, servi
     calls = 0
     async for item in answer.stream(request, keep_alive):
         if isinstance(item, Idle):
-            yield b": keep-alive\n\n"  # an SSE comment: clients skip it, their idle timers restart
+            yield SSE_KEEP_ALIVE
         elif isinstance(item, Progress):  # llama-server's return_progress
             yield _sse({**chunk({"role": "assistant", "content": None} if kind == "chat" else ""), **prompt_progress(item)})
         elif isinstance(item, TextDelta):
