@@ -10,6 +10,9 @@
 #   options: --cpu | --cuda    force the llama-cpp-python build
 #            --rebuild         forget cached wheels and remembered failures for this CPU
 #            --venv DIR        where the environment goes (default: .venv next to this script)
+#            --portable        build llama-cpp-python for any x86-64 with AVX2 (not this CPU's native build)
+#            --locked          install the Python packages of deploy/container/requirements*.lock only,
+#                              each by version and SHA-256 (pip --require-hashes; the container image's build)
 #            --pull [PRESET]   then pull, check and plan the preset (default: the one for this machine)
 #            --service         then install systemd/specdeck.service (needs root): a 'specdeck' system
 #                              user, /etc/specdeck/specdeck.env, models pulled into /var/cache/specdeck
@@ -29,6 +32,9 @@ SERVICE=""
 DRY_RUN=""
 LLAMA_VERSION="0.3.36"
 REBUILD=""
+PORTABLE=""
+LOCKED=""
+LOCKS="$HERE/deploy/container"
 # The CUDA toolkit taken from PyPI where a GPU has a driver but no nvcc: NVIDIA's cuda-toolkit
 # packages, pinned. CUDA 13, because the cu12 wheels (nvidia-cuda-nvcc-cu12) hold ptxas but no nvcc;
 # CUDA 13 code needs a driver that supports CUDA 13 (R580 or newer).
@@ -47,6 +53,8 @@ while [ $# -gt 0 ]; do
     --cpu) BUILD="cpu" ;;
     --cuda) BUILD="cuda" ;;
     --rebuild) REBUILD="--rebuild" ;;
+    --portable) PORTABLE="--portable" ;;
+    --locked) LOCKED="--locked" ;;
     --venv) shift; [ $# -gt 0 ] || die "--venv needs a directory"; VENV="$1" ;;
     --pull) PULL=1; if [ $# -gt 1 ] && [ "${2#-}" = "$2" ]; then shift; PRESET="$1"; fi ;;
     --service) SERVICE=1 ;;
@@ -57,6 +65,7 @@ while [ $# -gt 0 ]; do
   shift
 done
 [ -z "$DRY_RUN" ] || [ -n "$SERVICE" ] || die "--dry-run goes with --service"
+[ -z "$LOCKED" ] || [ -z "$EXTRAS" ] || die "--locked installs what the image runs: no test extras (--test)"
 
 # -- the service (after the installation below, or alone with --dry-run) ----------------------
 SVC_USER="specdeck"
@@ -133,7 +142,15 @@ else
   say "virtual environment $VENV exists"
 fi
 VPY="$VENV/bin/python"
-"$VPY" -m pip install --quiet --upgrade pip
+if [ -z "$LOCKED" ]; then "$VPY" -m pip install --quiet --upgrade pip; fi  # locked: the venv's own pip
+locked_install() {  # $1: a lock file of deploy/container; every package by version and hash
+  [ -f "$1" ] || die "no lock file $1 (bash scripts/container.sh lock writes them)"
+  "$VPY" -m pip install --quiet --no-cache-dir --require-hashes --only-binary :all: -r "$1"
+}
+if [ -n "$LOCKED" ]; then
+  STEP="install the locked Python packages (deploy/container/requirements.lock)"
+  locked_install "$LOCKS/requirements.lock"
+fi
 
 STEP="choose the llama-cpp-python build"
 has_gpu() { command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; }
@@ -157,13 +174,13 @@ if [ "$BUILD" = "cuda" ]; then
       die "no nvcc here, and the driver supports CUDA $drv_cuda only: PyPI's complete toolkit is CUDA $CUDA_PYPI_LINE (needs driver R580+). Update the NVIDIA driver, or install a CUDA $drv_cuda toolkit (e.g. apt-get install nvidia-cuda-toolkit) and run install.sh again"
     fi
     say "no nvcc on this machine: taking the CUDA $CUDA_PYPI_LINE toolkit from PyPI into the venv"
-    "$VPY" -m pip install --quiet $CUDA_PYPI_PINS
+    if [ -n "$LOCKED" ]; then locked_install "$LOCKS/requirements-cuda.lock"; else "$VPY" -m pip install --quiet $CUDA_PYPI_PINS; fi
     NVCC="$(bash "$HERE/scripts/cuda_toolkit_root.sh" "$VPY")"
     say "CUDA toolkit: $NVCC (PyPI: $CUDA_PYPI_PINS)"
   fi
   export CUDACXX="$NVCC" CUDA_HOME="$(dirname "$(dirname "$NVCC")")" CUDAToolkit_ROOT="$(dirname "$(dirname "$NVCC")")"
   if [ -z "$CUDA_ARCH" ]; then  # the card's compute capability from NVML (pynvml), else nvidia-smi
-    "$VPY" -m pip install --quiet "nvidia-ml-py==13.615.71"
+    [ -n "$LOCKED" ] || "$VPY" -m pip install --quiet "nvidia-ml-py==13.615.71"
     CUDA_ARCH="$("$VPY" -c 'import pynvml; pynvml.nvmlInit(); print("%d%d" % pynvml.nvmlDeviceGetCudaComputeCapability(pynvml.nvmlDeviceGetHandleByIndex(0)))' 2>/dev/null || true)"
     [ -n "$CUDA_ARCH" ] || CUDA_ARCH="$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -n 1 | tr -d ' .')"
     [ -n "$CUDA_ARCH" ] || die "could not read the GPU's compute capability with pynvml or nvidia-smi (set CUDA_ARCH, e.g. CUDA_ARCH=86)"
@@ -174,17 +191,22 @@ else
 fi
 
 STEP="install numpy and gguf (the smoke decode writes its test model with them)"
-"$VPY" -m pip install --quiet "numpy>=1.26" "gguf==0.19.0"
+[ -n "$LOCKED" ] || "$VPY" -m pip install --quiet "numpy>=1.26" "gguf==0.19.0"
 
 STEP="build llama-cpp-python $LLAMA_VERSION ($BUILD) and prove it decodes on this machine"
 GPU_SMOKE=""
 has_gpu || GPU_SMOKE="--no-gpu-smoke"
 PYTHONPATH="$HERE" "$VPY" -m app.build.ladder --python "$VPY" --kind "$BUILD" \
-  ${CUDA_ARCH:+--cuda-arch "$CUDA_ARCH"} $GPU_SMOKE $REBUILD
+  ${CUDA_ARCH:+--cuda-arch "$CUDA_ARCH"} $GPU_SMOKE $REBUILD $PORTABLE $LOCKED
 
 STEP="install specdeck"
 say "installing specdeck$EXTRAS into $VENV"
-"$VPY" -m pip install --quiet -e "$HERE$EXTRAS"
+if [ -n "$LOCKED" ]; then  # its dependencies are the lock's, installed above; pip check proves the set whole
+  "$VPY" -m pip install --quiet --no-deps --no-build-isolation -e "$HERE$EXTRAS"
+  "$VPY" -m pip check >/dev/null || die "the locked packages do not satisfy specdeck: $("$VPY" -m pip check | head -n 3 | tr '\n' ' ')"
+else
+  "$VPY" -m pip install --quiet -e "$HERE$EXTRAS"
+fi
 if [ -n "$EXTRAS" ]; then
   STEP="fetch llama.cpp's chat templates (test data for the chat-format tests)"
   if TEMPLATES="$(bash "$HERE/scripts/templates.sh" "$VPY")"; then

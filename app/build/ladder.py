@@ -6,6 +6,9 @@ Rungs, tried in order until the smoke decode passes:
   native         llama.cpp's default (-march=native): fastest, but a VM can advertise AMX it cannot run
   native-no-amx  the same without AMX (-mno-amx-*), only where the CPU advertises AMX
   portable-avx2  GGML_NATIVE=OFF with AVX, AVX2, FMA, F16C, BMI2 (no AVX-512, no AMX)
+With --portable only the last rung is built (an image for other machines). Every rung compiles
+the same sdist, pinned by its SHA-256 (LLAMA_SDIST_SHA256); --locked builds it without pip's build
+isolation, from the build requirements install.sh --locked installed with their hashes.
 A rung whose smoke decode dies by a signal is remembered as failed on this CPU and skipped next
 time; a failure without a signal (a compiler error, no disk) stops the climb, since another rung
 would not fix it.
@@ -25,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import hashlib
 import json
 import os
@@ -39,6 +43,8 @@ from pathlib import Path
 from app.build.isa import CpuIsa, read_cpu
 
 LLAMA_VERSION = "0.3.36"
+# The sdist every build compiles, pinned by its hash (pip refuses another file under that version).
+LLAMA_SDIST_SHA256 = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"
 RECORD_NAME = "specdeck-build.json"
 NO_AMX = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
 PORTABLE_AVX2 = ("-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON "
@@ -56,21 +62,26 @@ class Rung:
         return f"{self.name}-{hashlib.sha256(blob.encode()).hexdigest()[:16]}"
 
 
-def rungs_for(kind: str, cpu: CpuIsa, user_cmake_args: str = "", cuda_archs: str = "") -> list[Rung]:
-    """The builds to try on this CPU, best first."""
+def rungs_for(kind: str, cpu: CpuIsa, user_cmake_args: str = "", cuda_archs: str = "",
+              portable: bool = False) -> list[Rung]:
+    """The builds to try on this CPU, best first. `portable`: only the portable AVX2 build (an
+    image for other x86-64 machines, e.g. scripts/container.sh's cpu flavour)."""
     base = "-DGGML_CUDA=on" + (f" -DCMAKE_CUDA_ARCHITECTURES={cuda_archs}" if cuda_archs else "") if kind == "cuda" else ""
     prefix = f"{kind}-" if kind == "cuda" else ""
 
     def args(*parts: str) -> str:
         return " ".join(p for p in (base, *parts, user_cmake_args) if p)
 
+    portable_rung = Rung(prefix + "portable-avx2", args(PORTABLE_AVX2), "a portable AVX2 build (no AVX-512, no AMX)")
+    if portable and cpu.machine in ("x86_64", "AMD64"):
+        return [portable_rung]
     rungs = [Rung(prefix + "native", args(), "llama.cpp's native build")]
     if cpu.machine not in ("x86_64", "AMD64"):
         return rungs
     if cpu.advertises_amx:
         rungs.append(Rung(prefix + "native-no-amx", args(f"-DCMAKE_C_FLAGS='{NO_AMX}'", f"-DCMAKE_CXX_FLAGS='{NO_AMX}'"),
                           "without AMX, which this CPU advertises"))
-    rungs.append(Rung(prefix + "portable-avx2", args(PORTABLE_AVX2), "a portable AVX2 build (no AVX-512, no AMX)"))
+    rungs.append(portable_rung)
     return rungs
 
 
@@ -103,8 +114,10 @@ def cache_root() -> Path:
 
 # -- the steps (each one replaceable, for the climb's own tests) --------------------------------
 
-def obtain_wheel(python: str, rung: Rung, folder: Path, say: Callable[[str], None]) -> Path:
-    """The rung's wheel from the cache, or compiled now into it."""
+def obtain_wheel(python: str, rung: Rung, folder: Path, say: Callable[[str], None], isolated: bool = True) -> Path:
+    """The rung's wheel from the cache, or compiled now into it from the pinned sdist (pip checks its
+    hash). `isolated=False`: its build requirements are the venv's own (install.sh --locked put
+    them there, hashed), not fetched by pip for the build."""
     found = sorted(folder.glob("llama_cpp_python-*.whl"))
     if found:
         say(f"llama-cpp-python ({rung.name}): wheel from the cache ({found[-1]})")
@@ -115,8 +128,11 @@ def obtain_wheel(python: str, rung: Rung, folder: Path, say: Callable[[str], Non
         f"6-30 minutes, log: {logfile}")
     env = {**os.environ, "CMAKE_ARGS": rung.cmake_args, "FORCE_CMAKE": "1"}
     with tempfile.TemporaryDirectory(prefix="specdeck-wheel-") as tmp, open(logfile, "w") as log:
-        proc = subprocess.run([python, "-m", "pip", "wheel", "--no-deps", "--no-cache-dir", "-w", tmp,
-                               f"llama-cpp-python=={LLAMA_VERSION}"], stdout=log, stderr=subprocess.STDOUT, env=env)
+        pinned = Path(tmp) / "llama-cpp-python.txt"
+        pinned.write_text(f"llama-cpp-python=={LLAMA_VERSION} --hash=sha256:{LLAMA_SDIST_SHA256}\n")
+        proc = subprocess.run([python, "-m", "pip", "wheel", "--no-deps", "--no-cache-dir", "--require-hashes",
+                               "--no-binary", "llama-cpp-python", *([] if isolated else ["--no-build-isolation"]),
+                               "-w", tmp, "-r", str(pinned)], stdout=log, stderr=subprocess.STDOUT, env=env)
         built = sorted(Path(tmp).glob("llama_cpp_python-*.whl"))
         if proc.returncode != 0 or not built:
             tail = logfile.read_text(errors="replace").strip().splitlines()[-5:]
@@ -199,13 +215,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-gpu-smoke", action="store_true", help="smoke-decode on the CPU only (no GPU here)")
     ap.add_argument("--rebuild", action="store_true", help="forget remembered failures and cached wheels for this machine")
     ap.add_argument("--check", action="store_true", help="only say whether the installed build is this CPU's and decodes")
+    ap.add_argument("--portable", action="store_true", help="only the portable AVX2 build (for other x86-64 machines)")
+    ap.add_argument("--locked", action="store_true", help="build with the venv's own build requirements (no isolation)")
     args = ap.parse_args(argv)
 
     def say(msg: str) -> None:
         print(f"==> {msg}", flush=True)
 
     cpu = read_cpu()
-    rungs = rungs_for(args.kind, cpu, os.environ.get("CMAKE_ARGS", "").strip(), args.cuda_arch)
+    rungs = rungs_for(args.kind, cpu, os.environ.get("CMAKE_ARGS", "").strip(), args.cuda_arch, portable=args.portable)
     context = build_context(args.python, cpu, args.kind)
     cache = cache_root()
     if args.rebuild:
@@ -227,7 +245,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.check:
         return 1
     try:
-        record = climb(rungs, context, cache, args.python, gpu, say)
+        record = climb(rungs, context, cache, args.python, gpu, say,
+                       obtain=functools.partial(obtain_wheel, isolated=not args.locked))
     except BuildError as e:
         print(f"install.sh: error: {e}", file=sys.stderr)
         return 1

@@ -1,0 +1,318 @@
+#!/usr/bin/env bash
+# specdeck's container image, built from Debian's packages and PyPI alone, run with podman.
+#
+#   bash scripts/container.sh build [--flavour cpu|native|cuda] [--cuda-arch 86] [--with-weights PRESET] [--tag NAME]
+#   bash scripts/container.sh run [--image IMAGE] [--models DIR] [--config FILE] [--keys FILE]
+#                                 [--port N] [--name NAME] [--detach] [-- SPECDECK-ARGS...]
+#   bash scripts/container.sh lock              write deploy/container/*.lock from today's mirrors
+#   bash scripts/container.sh manifest IMAGE    its files, Debian packages and Python packages
+#   bash scripts/container.sh compare IMAGE-A IMAGE-B    the same files and versions? (exit 1 if not)
+#   bash scripts/container.sh podman-flags      what podman needs on this machine to run a container
+#
+# build: the two base root file systems (build: compilers; runtime: Python and libgomp) come from
+# mmdebstrap with every Debian package at its locked version (deploy/container/debian-*.lock; the
+# result is checked against the lock), imported into podman. On the build base install.sh
+# --locked installs the Python packages of deploy/container/requirements.lock by version and
+# SHA-256 and compiles llama-cpp-python from its hash-pinned sdist (flavour cpu: the portable AVX2
+# build; native: this CPU's; cuda: NVIDIA's toolkit from PyPI, requirements-cuda.lock, for
+# --cuda-arch). The runtime image gets /opt/specdeck, a non-root user, OCI labels (also in
+# /usr/share/specdeck/image.json), /health as its health check and `specdeck` as its entrypoint.
+# --with-weights PRESET: the preset's files, pulled and verified here, go in /opt/specdeck/models
+# with a config naming and pinning them (an image for an air-gapped machine).
+#
+# Needs: podman, buildah's and mmdebstrap's Debian packages (apt-get install podman mmdebstrap
+# runc); root, or a user podman and mmdebstrap run for. Nothing is pulled from a registry.
+set -Eeuo pipefail
+
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+LOCKS="$HERE/deploy/container"
+CACHE="${SPECDECK_CONTAINER_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/specdeck/container}"
+SUITE="bookworm"
+MIRRORS=("deb http://deb.debian.org/debian $SUITE main"
+         "deb http://deb.debian.org/debian $SUITE-updates main"
+         "deb http://deb.debian.org/debian-security $SUITE-security main")
+RUNTIME_PKGS="python3,ca-certificates,libgomp1"
+BUILD_PKGS="$RUNTIME_PKGS,python3-venv,gcc,g++,cmake,ninja-build,make"
+# llama-cpp-python 0.3.36's build-system.requires, and specdeck's own (pyproject.toml)
+BUILD_REQUIREMENTS=("scikit-build-core[pyproject]>=0.9.2" "setuptools>=77")
+
+# The machine's CA bundle is mounted into the steps that reach PyPI (a proxy that intercepts TLS
+# signs with a CA only this machine trusts); it is never copied into an image.
+HOST_CA="${SPECDECK_CA_BUNDLE:-${PIP_CERT:-/etc/ssl/certs/ca-certificates.crt}}"
+ca_mount() { [ -f "$HOST_CA" ] && printf '%s\n' -v "$HOST_CA:/etc/ssl/host-ca.crt:ro" -e PIP_CERT=/etc/ssl/host-ca.crt || true; }
+
+say()  { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }
+die()  { printf 'container.sh: error: %s\n' "$*" >&2; exit 1; }
+need() { command -v "$1" >/dev/null 2>&1 || die "no $1 here: apt-get install ${2:-$1} (Debian 12 has podman 4.3, buildah 1.28, mmdebstrap 1.3)"; }
+sha() { sha256sum "$1" | cut -c1-64; }
+
+# -- podman on this machine --------------------------------------------------------------------
+# Debian 12's podman on these VMs: crun cannot set the default rlimits and refuses the hybrid
+# cgroup layout; runc with cgroupfs runs once the open-file and process limits are ones the
+# machine allows. Learnt by trying, said once, applied to every podman call here.
+PODMAN_GLOBAL=()
+PODMAN_RUN=()
+podman_flags() {  # $1: an image to try `true` in
+  local out reason=()
+  for _ in 1 2 3 4 5; do
+    if out="$(podman "${PODMAN_GLOBAL[@]}" run --rm "${PODMAN_RUN[@]}" --network none --entrypoint true "$1" 2>&1)"; then
+      [ ${#reason[@]} -eq 0 ] || say "podman here needs: ${PODMAN_GLOBAL[*]} run ${PODMAN_RUN[*]} (${reason[*]})"
+      return 0
+    fi
+    case "$out" in
+      *"rlimit"*|*RLIMIT*)  # first the machine's own open-file limit and 4,096 processes, then 1,024 of each
+        local n p; n="$(ulimit -Hn)"; p="$(ulimit -Hu)"
+        [ "$n" != unlimited ] || n=1048576; [ "$p" != unlimited ] && [ "$p" -lt 4096 ] || p=4096
+        if [[ " ${PODMAN_RUN[*]} " == *" nofile=1024:1024 "* ]]; then break
+        elif [[ " ${PODMAN_RUN[*]} " == *" --ulimit "* ]]; then n=1024; p=1024; PODMAN_RUN=("${PODMAN_RUN[@]:0:${#PODMAN_RUN[@]}-4}"); fi
+        PODMAN_RUN+=(--ulimit "nofile=$n:$n" --ulimit "nproc=$p:$p"); reason+=("the default rlimits are refused: nofile $n, nproc $p")
+        ;;
+      *"cgroups in hybrid mode"*|*"systemd"*|*"cgroup"*)
+        [[ " ${PODMAN_GLOBAL[*]} " != *"cgroupfs"* ]] || break
+        PODMAN_GLOBAL+=(--cgroup-manager=cgroupfs); reason+=("no systemd cgroup manager")
+        ;;
+      *crun*)
+        [[ " ${PODMAN_RUN[*]} " != *" --runtime "* ]] && command -v runc >/dev/null 2>&1 || break
+        PODMAN_RUN+=(--runtime runc); reason+=("crun refuses, runc runs")
+        ;;
+      *) break ;;
+    esac
+  done
+  die "podman cannot run a container here: $(printf '%s' "$out" | tail -n 1)"
+}
+
+# -- the locks ---------------------------------------------------------------------------------
+lock_hash() { sha "$LOCKS/$1" | cut -c1-12; }
+
+mmdebstrap_tar() {  # $1: package list (comma-separated), $2: output tar
+  SOURCE_DATE_EPOCH="${SOURCE_DATE_EPOCH:-$(git -C "$HERE" log -1 --format=%ct)}" \
+    mmdebstrap --quiet --variant=apt --format=tar --include="$1" "$SUITE" "$2" "${MIRRORS[@]}" \
+    || die "mmdebstrap failed (a Debian mirror unreachable, or a locked version no longer on it: bash scripts/container.sh lock)"
+}
+
+packages_of() {  # $1: image -> "package=version" lines, sorted
+  podman "${PODMAN_GLOBAL[@]}" run --rm "${PODMAN_RUN[@]}" --network none --entrypoint dpkg-query "$1" \
+    -W -f '${Package}=${Version}\n' | LC_ALL=C sort
+}
+
+base_image() {  # $1: build|runtime -> the image name, built from its lock if not there yet
+  local role="$1" lock="$LOCKS/debian-$1.lock" name
+  [ -f "$lock" ] || die "no $lock (bash scripts/container.sh lock writes it)"
+  name="localhost/specdeck-base:$role-$(lock_hash "debian-$role.lock")"
+  if ! podman image exists "$name"; then
+    mkdir -p "$CACHE"
+    local tar="$CACHE/base-$role.tar" pkgs
+    pkgs="$(grep -v '^#' "$lock" | paste -sd, -)"
+    say "base ($role): mmdebstrap $SUITE with $(grep -vc '^#' "$lock") packages at their locked versions"
+    mmdebstrap_tar "$pkgs" "$tar"
+    podman import --quiet "$tar" "$name" >/dev/null
+    rm -f "$tar"
+    [ ${#PODMAN_RUN[@]} -gt 0 ] || podman_flags "$name"
+    if ! diff <(grep -v '^#' "$lock" | LC_ALL=C sort) <(packages_of "$name") >"$CACHE/base-$role.diff"; then
+      podman rmi "$name" >/dev/null
+      die "the $role base differs from $lock (see $CACHE/base-$role.diff): the mirror has moved on; bash scripts/container.sh lock"
+    fi
+  fi
+  echo "$name"
+}
+
+lock_debian() {  # $1: role, $2: its packages
+  local tar="$CACHE/lock-$1.tar" name="localhost/specdeck-lock:$1"
+  mkdir -p "$CACHE"
+  say "locking Debian ($1): mmdebstrap $SUITE with $2"
+  mmdebstrap_tar "$2" "$tar"
+  podman import --quiet "$tar" "$name" >/dev/null && rm -f "$tar"
+  [ ${#PODMAN_RUN[@]} -gt 0 ] || podman_flags "$name"
+  { echo "# Debian $SUITE packages of specdeck's $1 base image (bash scripts/container.sh lock, $(date -u +%F))"
+    echo "# sources: ${MIRRORS[*]}; asked for: $2"
+    packages_of "$name"; } > "$LOCKS/debian-$1.lock"
+  say "wrote $LOCKS/debian-$1.lock ($(grep -vc '^#' "$LOCKS/debian-$1.lock") packages)"
+}
+
+lock_python() {  # $1: lock file name, $2...: requirements; resolved by the build base's own pip
+  local out="$LOCKS/$1" work; shift
+  work="$(mktemp -d)"; printf '%s\n' "$@" > "$work/in.txt"
+  say "locking Python ($(basename "$out")): $*"
+  mapfile -t ca < <(ca_mount)
+  podman "${PODMAN_GLOBAL[@]}" run --rm "${PODMAN_RUN[@]}" --network host "${ca[@]}" -v "$work:/lock:Z" --entrypoint sh \
+    "localhost/specdeck-lock:build" -c 'python3 -m venv /tmp/v && /tmp/v/bin/pip install --quiet --dry-run --ignore-installed \
+       --only-binary :all: --report /lock/report.json -r /lock/in.txt' || die "pip could not resolve $*"
+  python3 - "$work/report.json" "$out" "$*" <<'PY'
+import json, sys
+report, out, asked = sys.argv[1:]
+lines = [f"# by version and SHA-256 for pip --require-hashes (bash scripts/container.sh lock); asked for: {asked}"]
+for item in sorted(json.load(open(report))["install"], key=lambda i: i["metadata"]["name"].lower()):
+    meta, hashes = item["metadata"], item["download_info"]["archive_info"]["hashes"]
+    lines.append(f"{meta['name']}=={meta['version']} --hash=sha256:{hashes['sha256']}")
+open(out, "w").write("\n".join(lines) + "\n")
+PY
+  rm -rf "$work"
+  say "wrote $out ($(grep -vc '^#' "$out") packages)"
+}
+
+runtime_requirements() {  # pyproject's dependencies but llama-cpp-python (the ladder compiles it)
+  python3 -c 'import tomllib, sys
+for d in tomllib.load(open(sys.argv[1], "rb"))["project"]["dependencies"]:
+    if not d.startswith("llama-cpp-python"): print(d)' "$HERE/pyproject.toml"
+}
+
+cmd_lock() {
+  need podman; need mmdebstrap
+  lock_debian runtime "$RUNTIME_PKGS"
+  lock_debian build "$BUILD_PKGS"
+  mapfile -t reqs < <(runtime_requirements)
+  lock_python requirements.lock "${reqs[@]}" "${BUILD_REQUIREMENTS[@]}"
+  local cuda; cuda="$(sed -n 's/^CUDA_PYPI_PINS="\(.*\)"$/\1/p' "$HERE/install.sh")"
+  lock_python requirements-cuda.lock "$cuda" "nvidia-ml-py==13.615.71"
+  podman rmi localhost/specdeck-lock:runtime localhost/specdeck-lock:build >/dev/null || true
+}
+
+# -- build -------------------------------------------------------------------------------------
+cmd_build() {
+  local flavour="cpu" cuda_arch="" weights="" tag=""
+  while [ $# -gt 0 ]; do
+    case "$1" in
+      --flavour) shift; flavour="${1:-}" ;;
+      --cuda-arch) shift; cuda_arch="${1:-}" ;;
+      --with-weights) shift; weights="${1:-}"; [ -n "$weights" ] || die "--with-weights needs a preset" ;;
+      --tag) shift; tag="${1:-}" ;;
+      *) die "build: unknown option '$1' (see --help)" ;;
+    esac
+    shift
+  done
+  case "$flavour" in cpu|native) ;; cuda) [ -n "$cuda_arch" ] || die "--flavour cuda needs --cuda-arch (e.g. 86 for an RTX 3090, 89 for a 4090)" ;;
+    *) die "--flavour is cpu, native or cuda, not '$flavour'" ;; esac
+  tag="${tag:-localhost/specdeck:$flavour${weights:+-$weights}}"
+  need podman; need mmdebstrap
+  local started; started="$(date +%s)"
+  local build_base runtime_base
+  build_base="$(base_image build)"
+  runtime_base="$(base_image runtime)"
+  [ ${#PODMAN_RUN[@]} -gt 0 ] || podman_flags "$runtime_base"
+
+  local ctx; ctx="$(mktemp -d)"; trap 'rm -rf "$ctx"' EXIT
+  mkdir -p "$ctx/src" "$ctx/models"
+  git -C "$HERE" archive HEAD | tar -x -C "$ctx/src"
+  [ -z "$(git -C "$HERE" status --porcelain --untracked-files=no)" ] \
+    || say "warning: uncommitted changes are not in the image (it is built from HEAD, $(git -C "$HERE" rev-parse --short HEAD))"
+  cp "$LOCKS/Containerfile" "$ctx/Containerfile"
+  local sdist="$CACHE/sdist"; mkdir -p "$sdist"
+  python3 -m pip download --quiet --no-deps --no-binary :all: --no-build-isolation --require-hashes -d "$sdist" \
+    -r <(python3 -c 'import sys; sys.path.insert(0, sys.argv[1]); from app.build.ladder import LLAMA_VERSION as v, LLAMA_SDIST_SHA256 as h
+print(f"llama-cpp-python=={v} --hash=sha256:{h}")' "$HERE") >/dev/null 2>&1 \
+    || [ -n "$(ls "$sdist"/llama_cpp_python-*.tar.gz 2>/dev/null)" ] || die "could not fetch the llama-cpp-python sdist"
+  local weights_args=()
+  if [ -n "$weights" ]; then
+    stage_weights "$weights" "$ctx"
+    weights_args=(--weights "$ctx/models/weights.json")
+  fi
+  python3 "$HERE/scripts/container_labels.py" --flavour "$flavour" --sdist "$(ls "$sdist"/llama_cpp_python-*.tar.gz | head -n 1)" \
+    ${cuda_arch:+--cuda-arch "$cuda_arch"} "${weights_args[@]}" > "$ctx/image.json"
+  local labels=() key
+  while IFS= read -r key; do labels+=(--label "$key"); done < <(python3 -c 'import json, sys
+for k, v in json.load(open(sys.argv[1])).items(): print(f"{k}={v}")' "$ctx/image.json")
+  local install_flags="--locked"
+  case "$flavour" in cpu) install_flags+=" --portable" ;; cuda) install_flags+=" --cuda --portable" ;; esac
+
+  say "building $tag ($flavour) on $build_base and $runtime_base"
+  local ca=(); [ ! -f "$HOST_CA" ] || ca=(-v "$HOST_CA:/etc/ssl/host-ca.crt:ro" --build-arg PIP_CERT=/etc/ssl/host-ca.crt)
+  podman "${PODMAN_GLOBAL[@]}" build --isolation chroot --network host --format docker "${labels[@]}" "${ca[@]}" \
+    --build-arg BUILD_BASE="$build_base" --build-arg RUNTIME_BASE="$runtime_base" \
+    --build-arg INSTALL_FLAGS="$install_flags" --build-arg CUDA_ARCH="$cuda_arch" \
+    -t "$tag" -f "$ctx/Containerfile" "$ctx" || die "podman build failed (the lines above say where)"
+  local id size digest
+  id="$(podman image inspect --format '{{.Id}}' "$tag")"
+  digest="$(podman image inspect --format '{{.Digest}}' "$tag")"
+  size="$(podman image inspect --format '{{.Size}}' "$tag")"
+  say "built $tag in $(( $(date +%s) - started )) s: image $id, digest $digest, $(( size / 1048576 )) MiB"
+  say "run it: bash scripts/container.sh run --image $tag --models DIR --config FILE --keys FILE"
+}
+
+stage_weights() {  # $1: preset, $2: build context: the preset's verified files and a config pinning them
+  local venv="$HERE/.venv/bin/specdeck"
+  [ -x "$venv" ] || die "--with-weights pulls with this checkout's specdeck: bash install.sh first"
+  say "weights: pulling and verifying $1 here"
+  "$venv" pull "$1" >&2 && "$venv" check "$1" >&2 || die "the $1 files could not be pulled and verified"
+  "$HERE/.venv/bin/python" - "$1" "$2/models" <<'PY' || die "could not stage the $1 files"
+import json, os, shutil, sys
+from app.commands.common import fetcher_for, local_path, selection_of
+preset, out = sys.argv[1], sys.argv[2]
+sel = selection_of(preset)
+f = fetcher_for(sel)
+files = {}
+for role, spec in (("model", sel.target), ("draft", sel.draft), ("mmproj", sel.mmproj)):
+    if spec is None or isinstance(spec, str):
+        continue
+    path = local_path(f, spec)
+    os.link(path, os.path.join(out, path.name)) if os.stat(path).st_dev == os.stat(out).st_dev else shutil.copy(path, out)
+    files[role] = {"file": path.name, "sha256": spec.sha256 or f.sha256_of(path)}
+json.dump({"preset": preset, "files": files}, open(os.path.join(out, "weights.json"), "w"), indent=1)
+PY
+}
+
+# -- run ---------------------------------------------------------------------------------------
+cmd_run() {
+  local image="localhost/specdeck:cpu" models="" config="" keys="" port=8000 name="specdeck" detach=() extra=()
+  while [ $# -gt 0 ]; do
+    case "$1" in
+      --image) shift; image="${1:-}" ;;
+      --models) shift; models="$(cd "${1:?--models needs a folder}" && pwd)" || die "no folder $1" ;;
+      --config) shift; config="$(realpath "${1:?--config needs a file}")"; [ -f "$config" ] || die "no config file $config" ;;
+      --keys) shift; keys="$(realpath "${1:?--keys needs a file}")"; [ -f "$keys" ] || die "no key file $keys" ;;
+      --port) shift; port="${1:-}" ;;
+      --name) shift; name="${1:-}" ;;
+      --detach) detach=(--detach) ;;
+      --) shift; extra=("$@"); break ;;
+      *) die "run: unknown option '$1' (see --help)" ;;
+    esac
+    shift
+  done
+  need podman
+  podman image exists "$image" || die "no image $image here: bash scripts/container.sh build"
+  podman_flags "$image"
+  local digest mounts=()
+  digest="$(podman image inspect --format '{{.Digest}}' "$image")"
+  [ -z "$models" ] || mounts+=(-v "$models:/models:ro")
+  [ -z "$config" ] || mounts+=(-v "$config:/etc/specdeck/config.toml:ro")
+  [ -z "$keys" ] || mounts+=(-v "$keys:/run/secrets/specdeck-keys:ro" -e SPECDECK_API_KEY_FILE=/run/secrets/specdeck-keys)
+  local cmd=(podman "${PODMAN_GLOBAL[@]}" run --rm --name "$name" "${detach[@]}" --read-only "${PODMAN_RUN[@]}"
+             -p "127.0.0.1:$port:8000" -v specdeck-data:/var/lib/specdeck "${mounts[@]}"
+             -e "SPECDECK_IMAGE=${image%%:*}@$digest" "$image" "${extra[@]}")
+  say "${cmd[*]}"
+  exec "${cmd[@]}"
+}
+
+# -- what is in an image -------------------------------------------------------------------------
+cmd_manifest() {
+  local image="${1:?manifest IMAGE}"
+  need podman
+  podman_flags "$image" 2>/dev/null
+  podman "${PODMAN_GLOBAL[@]}" run --rm "${PODMAN_RUN[@]}" --network none --user 0 --entrypoint sh "$image" -c '
+    echo "# files"; find / -xdev \( -path /proc -o -path /sys -o -path /dev -o -path /run -o -path /tmp \) -prune -o -print | LC_ALL=C sort
+    echo "# debian"; dpkg-query -W -f "\${Package}=\${Version}\n" | LC_ALL=C sort
+    echo "# python"; /opt/specdeck/venv/bin/python -m pip list --format freeze --disable-pip-version-check | LC_ALL=C sort'
+}
+
+cmd_compare() {
+  local a="${1:?compare IMAGE-A IMAGE-B}" b="${2:?compare IMAGE-A IMAGE-B}" work
+  work="$(mktemp -d)"
+  cmd_manifest "$a" > "$work/a" && cmd_manifest "$b" > "$work/b" || die "could not read the images"
+  if diff -u "$work/a" "$work/b" > "$work/diff"; then
+    say "$a and $b: the same $(grep -c '^/' "$work/a") files, $(sed -n '/^# debian/,/^# python/p' "$work/a" | grep -vc '^#') Debian and $(sed -n '/^# python/,$p' "$work/a" | grep -vc '^#') Python packages at the same versions"
+    rm -rf "$work"
+  else
+    head -n 40 "$work/diff"; rm -rf "$work"
+    die "$a and $b differ (above)"
+  fi
+}
+
+case "${1:-}" in
+  build) shift; cmd_build "$@" ;;
+  run) shift; cmd_run "$@" ;;
+  lock) shift; cmd_lock "$@" ;;
+  manifest) shift; cmd_manifest "$@" ;;
+  compare) shift; cmd_compare "$@" ;;
+  podman-flags) shift; need podman; podman_flags "${1:?podman-flags IMAGE}" ;;
+  -h|--help|"") sed -n '2,25p' "$0"; [ -n "${1:-}" ] || exit 2 ;;
+  *) die "unknown command '$1' (build, run, lock, manifest, compare, podman-flags; see --help)" ;;
+esac
