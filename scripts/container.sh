@@ -95,7 +95,8 @@ packages_of() {  # $1: image -> "package=version" lines, sorted
     -W -f '${Package}=${Version}\n' | LC_ALL=C sort
 }
 
-base_image() {  # $1: build|runtime -> the image name, built from its lock if not there yet
+BASE_IMAGE=""
+base_image() {  # $1: build|runtime -> BASE_IMAGE, built from its lock if not there yet
   local role="$1" lock="$LOCKS/debian-$1.lock" name
   [ -f "$lock" ] || die "no $lock (bash scripts/container.sh lock writes it)"
   name="localhost/specdeck-base:$role-$(lock_hash "debian-$role.lock")"
@@ -113,7 +114,7 @@ base_image() {  # $1: build|runtime -> the image name, built from its lock if no
       die "the $role base differs from $lock (see $CACHE/base-$role.diff): the mirror has moved on; bash scripts/container.sh lock"
     fi
   fi
-  echo "$name"
+  BASE_IMAGE="$name"
 }
 
 lock_debian() {  # $1: role, $2: its packages
@@ -186,8 +187,8 @@ cmd_build() {
   need podman; need mmdebstrap
   local started; started="$(date +%s)"
   local build_base runtime_base
-  build_base="$(base_image build)"
-  runtime_base="$(base_image runtime)"
+  base_image build; build_base="$BASE_IMAGE"
+  base_image runtime; runtime_base="$BASE_IMAGE"
   [ ${#PODMAN_RUN[@]} -gt 0 ] || podman_flags "$runtime_base"
 
   local ctx; ctx="$(mktemp -d)"; trap 'rm -rf "$ctx"' EXIT
@@ -197,7 +198,7 @@ cmd_build() {
     || say "warning: uncommitted changes are not in the image (it is built from HEAD, $(git -C "$HERE" rev-parse --short HEAD))"
   cp "$LOCKS/Containerfile" "$ctx/Containerfile"
   local sdist="$CACHE/sdist"; mkdir -p "$sdist"
-  python3 -m pip download --quiet --no-deps --no-binary :all: --no-build-isolation --require-hashes -d "$sdist" \
+  python3 -m pip download --quiet --no-deps --no-binary :all: --require-hashes -d "$sdist" \
     -r <(python3 -c 'import sys; sys.path.insert(0, sys.argv[1]); from app.build.ladder import LLAMA_VERSION as v, LLAMA_SDIST_SHA256 as h
 print(f"llama-cpp-python=={v} --hash=sha256:{h}")' "$HERE") >/dev/null 2>&1 \
     || [ -n "$(ls "$sdist"/llama_cpp_python-*.tar.gz 2>/dev/null)" ] || die "could not fetch the llama-cpp-python sdist"
@@ -229,25 +230,11 @@ for k, v in json.load(open(sys.argv[1])).items(): print(f"{k}={v}")' "$ctx/image
 }
 
 stage_weights() {  # $1: preset, $2: build context: the preset's verified files and a config pinning them
-  local venv="$HERE/.venv/bin/specdeck"
-  [ -x "$venv" ] || die "--with-weights pulls with this checkout's specdeck: bash install.sh first"
+  local py="$HERE/.venv/bin/python"
+  [ -x "$py" ] || die "--with-weights pulls with this checkout's specdeck: bash install.sh first"
   say "weights: pulling and verifying $1 here"
-  "$venv" pull "$1" >&2 && "$venv" check "$1" >&2 || die "the $1 files could not be pulled and verified"
-  "$HERE/.venv/bin/python" - "$1" "$2/models" <<'PY' || die "could not stage the $1 files"
-import json, os, shutil, sys
-from app.commands.common import fetcher_for, local_path, selection_of
-preset, out = sys.argv[1], sys.argv[2]
-sel = selection_of(preset)
-f = fetcher_for(sel)
-files = {}
-for role, spec in (("model", sel.target), ("draft", sel.draft), ("mmproj", sel.mmproj)):
-    if spec is None or isinstance(spec, str):
-        continue
-    path = local_path(f, spec)
-    os.link(path, os.path.join(out, path.name)) if os.stat(path).st_dev == os.stat(out).st_dev else shutil.copy(path, out)
-    files[role] = {"file": path.name, "sha256": spec.sha256 or f.sha256_of(path)}
-json.dump({"preset": preset, "files": files}, open(os.path.join(out, "weights.json"), "w"), indent=1)
-PY
+  "$HERE/.venv/bin/specdeck" pull "$1" >&2 && "$HERE/.venv/bin/specdeck" check "$1" >&2 || die "the $1 files could not be pulled and verified"
+  "$py" "$HERE/scripts/container_weights.py" "$1" "$2/models" >/dev/null || die "could not stage the $1 files"
 }
 
 # -- run ---------------------------------------------------------------------------------------

@@ -495,10 +495,10 @@ def test_in_a_container_doctor_names_the_image_and_a_revision_records_it(tmp_pat
     (tmp_path / "run").mkdir()
     (tmp_path / "run/.containerenv").write_text('engine="podman-4.3.1"\nname="specdeck"\n'
                                                 'image="localhost/specdeck:cpu"\nimageid="' + "ab" * 32 + '"\n')
-    (tmp_path / "etc/specdeck").mkdir(parents=True)
+    (tmp_path / "usr/share/specdeck").mkdir(parents=True)
     labels = {"org.opencontainers.image.version": "0.1.0", "org.opencontainers.image.revision": "abc1234",
-              "dev.specdeck.flavour": "cpu", "dev.specdeck.llama-cpp.commit": "deadbee"}
-    (tmp_path / "etc/specdeck/image.json").write_text(_json.dumps(labels))
+              "io.specdeck.flavour": "cpu", "io.specdeck.llama-cpp.commit": "deadbee"}
+    (tmp_path / "usr/share/specdeck/image.json").write_text(_json.dumps(labels))
     facts = container_facts(tmp_path)
     assert facts == {"engine": "podman-4.3.1", "image": "localhost/specdeck:cpu", "image_id": "ab" * 32, "labels": labels}
     line = check_container(facts).summary
@@ -506,3 +506,9 @@ def test_in_a_container_doctor_names_the_image_and_a_revision_records_it(tmp_pat
     assert "version 0.1.0" in line and "revision abc1234" in line and "commit deadbee" in line
     monkeypatch.setattr(revision, "container_facts", lambda: facts)
     assert revision.settings_json(ServeSettings(), None)["image"]["image_id"] == "ab" * 32
+    # podman without --privileged writes an empty file: SPECDECK_IMAGE (container.sh run sets it) names the image
+    (tmp_path / "run/.containerenv").write_text("")
+    assert container_facts(tmp_path, {})["image"] is None
+    assert "image not stated (set SPECDECK_IMAGE" in check_container(container_facts(tmp_path, {})).summary
+    named = container_facts(tmp_path, {"SPECDECK_IMAGE": "localhost/specdeck@sha256:" + "cd" * 32})
+    assert named["image"] == "localhost/specdeck" and named["image_id"] == "sha256:" + "cd" * 32 and named["engine"] == "podman"

@@ -1,15 +1,18 @@
 """Whether specdeck runs in a container, and which image: podman writes `/run/.containerenv` (the
-engine, and with `--privileged` or in rootful mode the image's name and ID), docker `/.dockerenv`;
-specdeck's image carries its OCI labels in `/etc/specdeck/image.json` (scripts/container.sh writes
-them), since a container cannot read its own labels. What `doctor` reports and a revision records,
-so a rollback names the image to run."""
+engine, and only with `--privileged` the image's name and ID), docker `/.dockerenv`; otherwise
+`SPECDECK_IMAGE` (IMAGE@sha256:DIGEST, which `scripts/container.sh run` sets) names it.
+specdeck's image carries its OCI labels in `/usr/share/specdeck/image.json` (scripts/container.sh
+writes them), since a container cannot read its own labels. What `doctor` reports and a revision
+records, so a rollback names the image to run (`podman run IMAGE@sha256:...`)."""
 
 from __future__ import annotations
 
 import json
+import os
+from collections.abc import Mapping
 from pathlib import Path
 
-IMAGE_FILE = "etc/specdeck/image.json"
+IMAGE_FILE = "usr/share/specdeck/image.json"
 
 
 def _containerenv(text: str) -> dict:
@@ -22,7 +25,7 @@ def _containerenv(text: str) -> dict:
     return out
 
 
-def container_facts(root: Path = Path("/")) -> dict | None:
+def container_facts(root: Path = Path("/"), environ: Mapping[str, str] = os.environ) -> dict | None:
     """None outside a container; else {"engine", "image", "image_id", "labels"} as far as known."""
     podman, docker = root / "run/.containerenv", root / ".dockerenv"
     if not podman.exists() and not docker.exists():
@@ -37,8 +40,9 @@ def container_facts(root: Path = Path("/")) -> dict | None:
         labels = json.loads((root / IMAGE_FILE).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         labels = {}
+    named, _, digest = (environ.get("SPECDECK_IMAGE") or "").partition("@")
     return {"engine": env.get("engine") or ("podman" if podman.exists() else "docker"),
-            "image": env.get("image") or None, "image_id": env.get("imageid") or None,
+            "image": env.get("image") or named or None, "image_id": env.get("imageid") or digest or None,
             "labels": labels if isinstance(labels, dict) else {}}
 
 
@@ -47,7 +51,7 @@ def describe(facts: dict) -> str:
     labels = facts.get("labels") or {}
     what = ", ".join(f"{k.rsplit('.', 1)[-1]} {v}" for k, v in labels.items()
                      if k.endswith(("version", "revision", "flavour", "llama-cpp.commit")))
-    hint = " (podman states it in rootful mode or with --privileged)" if str(facts["engine"]).startswith("podman") else ""
+    hint = " (set SPECDECK_IMAGE=IMAGE@sha256:DIGEST, as scripts/container.sh run does)"
     image = facts.get("image") or f"image not stated{hint}"
     digest = f" ({facts['image_id'][:19]})" if facts.get("image_id") else ""
     return f"in a {facts['engine']} container: {image}{digest}" + (f"; {what}" if what else "")
