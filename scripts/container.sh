@@ -7,7 +7,9 @@
 #   bash scripts/container.sh lock              write deploy/container/*.lock from today's mirrors
 #   bash scripts/container.sh manifest IMAGE    its files, Debian packages and Python packages
 #   bash scripts/container.sh compare IMAGE-A IMAGE-B    the same files and versions? (exit 1 if not)
-#   bash scripts/container.sh podman-flags      what podman needs on this machine to run a container
+#   bash scripts/container.sh podman-flags IMAGE    what podman needs on this machine to run a container
+#   bash scripts/container.sh smoke [--image IMAGE] [--preset coder-1.5b]    run it with the preset on a
+#                                               volume, answer /v1/chat/completions, stop it (exit 0), timed
 #
 # build: the two base root file systems (build: compilers; runtime: Python and libgomp) come from
 # mmdebstrap with every Debian package at its locked version (deploy/container/debian-*.lock; the
@@ -44,6 +46,7 @@ ca_mount() { [ -f "$HOST_CA" ] && printf '%s\n' -v "$HOST_CA:/etc/ssl/host-ca.cr
 say()  { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }
 die()  { printf 'container.sh: error: %s\n' "$*" >&2; exit 1; }
 need() { command -v "$1" >/dev/null 2>&1 || die "no $1 here: apt-get install ${2:-$1} (Debian 12 has podman 4.3, buildah 1.28, mmdebstrap 1.3)"; }
+secs() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.1f", b - a }'; }
 sha() { sha256sum "$1" | cut -c1-64; }
 
 # -- podman on this machine --------------------------------------------------------------------
@@ -56,6 +59,9 @@ podman_flags() {  # $1: an image to try `true` in
   local out reason=()
   for _ in 1 2 3 4 5; do
     if out="$(podman "${PODMAN_GLOBAL[@]}" run --rm "${PODMAN_RUN[@]}" --network none --entrypoint true "$1" 2>&1)"; then
+      if [ ! -S /run/systemd/private ] && [[ " ${PODMAN_RUN[*]} " != *" --health-interval "* ]]; then
+        PODMAN_RUN+=(--health-interval disable); reason+=("no systemd to time the health check: podman healthcheck run checks it")
+      fi
       [ ${#reason[@]} -eq 0 ] || say "podman here needs: ${PODMAN_GLOBAL[*]} run ${PODMAN_RUN[*]} (${reason[*]})"
       return 0
     fi
@@ -191,7 +197,8 @@ cmd_build() {
   base_image runtime; runtime_base="$BASE_IMAGE"
   [ ${#PODMAN_RUN[@]} -gt 0 ] || podman_flags "$runtime_base"
 
-  local ctx; ctx="$(mktemp -d)"; trap 'rm -rf "$ctx"' EXIT
+  CTX="$(mktemp -d)"; trap 'rm -rf "$CTX"' EXIT
+  local ctx="$CTX"
   mkdir -p "$ctx/src" "$ctx/models"
   git -C "$HERE" archive HEAD | tar -x -C "$ctx/src"
   [ -z "$(git -C "$HERE" status --porcelain --untracked-files=no)" ] \
@@ -261,12 +268,70 @@ cmd_run() {
   digest="$(podman image inspect --format '{{.Digest}}' "$image")"
   [ -z "$models" ] || mounts+=(-v "$models:/models:ro")
   [ -z "$config" ] || mounts+=(-v "$config:/etc/specdeck/config.toml:ro")
-  [ -z "$keys" ] || mounts+=(-v "$keys:/run/secrets/specdeck-keys:ro" -e SPECDECK_API_KEY_FILE=/run/secrets/specdeck-keys)
-  local cmd=(podman "${PODMAN_GLOBAL[@]}" run --rm --name "$name" "${detach[@]}" --read-only "${PODMAN_RUN[@]}"
+  if [ -n "$keys" ]; then  # a podman secret, readable by the image's user only: never in argv or the environment
+    podman secret rm "$name-keys" >/dev/null 2>&1 || true
+    podman secret create "$name-keys" "$keys" >/dev/null || die "podman secret create $name-keys failed"
+    mounts+=(--secret "$name-keys,type=mount,target=specdeck-keys,uid=10001,gid=10001,mode=0400"
+             -e SPECDECK_API_KEY_FILE=/run/secrets/specdeck-keys)
+  fi
+  # detached: kept after it stops (podman inspect shows its exit code); else removed
+  local keep=(--rm); [ ${#detach[@]} -eq 0 ] || keep=(--replace)
+  local cmd=(podman "${PODMAN_GLOBAL[@]}" run "${keep[@]}" --name "$name" "${detach[@]}" --read-only "${PODMAN_RUN[@]}"
              -p "127.0.0.1:$port:8000" -v specdeck-data:/var/lib/specdeck "${mounts[@]}"
              -e "SPECDECK_IMAGE=${image%%:*}@$digest" "$image" "${extra[@]}")
   say "${cmd[*]}"
   exec "${cmd[@]}"
+}
+
+# -- seen working: build, run with a preset on a volume, answer, stop -----------------------------
+cmd_smoke() {  # [--image IMAGE] [--preset coder-1.5b] [--port 18080]: the whole path, timed
+  local image="localhost/specdeck:cpu" preset="coder-1.5b" port=18080 t0 t1 t2
+  while [ $# -gt 0 ]; do
+    case "$1" in
+      --image) shift; image="${1:-}" ;; --preset) shift; preset="${1:-}" ;; --port) shift; port="${1:-}" ;;
+      *) die "smoke: unknown option '$1'" ;;
+    esac
+    shift
+  done
+  need podman; need curl
+  podman image exists "$image" || die "no image $image here: bash scripts/container.sh build"
+  local work; work="$(mktemp -d)"; chmod 0755 "$work"
+  SMOKE_WORK="$work"; trap 'podman rm -f specdeck-smoke >/dev/null 2>&1; rm -rf "$SMOKE_WORK"' EXIT
+  "$HERE/.venv/bin/specdeck" pull "$preset" >/dev/null || die "specdeck pull $preset failed"
+  "$HERE/.venv/bin/python" "$HERE/scripts/container_weights.py" "$preset" "$work/models" /models >/dev/null
+  { echo '[serve]'; echo 'shutdown_grace = 2'; echo; sed 's/^# .*//' "$work/models/config.toml"; } > "$work/config.toml"
+  rm "$work/models/config.toml" "$work/models/weights.json"
+  local key; key="sk-smoke-$(head -c 12 /dev/urandom | od -An -tx1 | tr -d ' \n')"
+  printf 'smoke %s\n' "$key" > "$work/keys"; chmod 0600 "$work/keys"
+  t0="$(date +%s.%N)"
+  bash "$0" run --image "$image" --name specdeck-smoke --detach --port "$port" --models "$work/models" \
+    --config "$work/config.toml" --keys "$work/keys" >/dev/null || die "podman run failed"
+  for _ in $(seq 600); do
+    curl -fsS "http://127.0.0.1:$port/health" >/dev/null 2>&1 && break
+    [ "$(podman inspect --format '{{.State.Running}}' specdeck-smoke 2>/dev/null)" = true ] \
+      || { podman logs specdeck-smoke 2>&1 | tail -n 20; die "the container stopped before it was healthy"; }
+    sleep 0.5
+  done
+  t1="$(date +%s.%N)"
+  podman healthcheck run specdeck-smoke >/dev/null && say "health check (the image's HEALTHCHECK): healthy"
+  curl -fsS "http://127.0.0.1:$port/v1/chat/completions" -H "Authorization: Bearer $key" -H 'Content-Type: application/json' \
+    -d '{"model": "'"$preset"'", "messages": [{"role": "user", "content": "Write a Python function that adds two numbers."}], "max_tokens": 64, "temperature": 0}' \
+    > "$work/answer.json" || { podman logs specdeck-smoke 2>&1 | tail -n 20; die "/v1/chat/completions failed"; }
+  t2="$(date +%s.%N)"
+  python3 -c 'import json, sys; a = json.load(open(sys.argv[1])); print("answer:", a["choices"][0]["message"]["content"][:160].replace("\n", " ")); print("usage:", a["usage"])' "$work/answer.json"
+  local code; code="$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$port/v1/models")"
+  say "without the key: /v1/models answers $code"
+  podman exec specdeck-smoke specdeck doctor --offline 2>/dev/null | grep -E "container|build" | head -n 3 || true
+  podman exec specdeck-smoke specdeck config history 2>/dev/null | tail -n 3 || true
+  local t3 stopped; t3="$(date +%s.%N)"
+  podman stop --time 30 specdeck-smoke >/dev/null
+  stopped="$(date +%s.%N)"
+  local exit_code; exit_code="$(podman inspect --format '{{.State.ExitCode}}' specdeck-smoke)"
+  podman logs specdeck-smoke 2>&1 | tail -n 4
+  local size; size="$(podman image inspect --format '{{.Size}}' "$image")"
+  say "$image ($(( size / 1048576 )) MiB): healthy $(secs "$t0" "$t1") s after podman run; \
+first answer $(secs "$t1" "$t2") s; stopped in $(secs "$t3" "$stopped") s with exit $exit_code"
+  [ "$exit_code" = 0 ] || die "the container exited $exit_code after SIGTERM"
 }
 
 # -- what is in an image -------------------------------------------------------------------------
@@ -299,7 +364,8 @@ case "${1:-}" in
   lock) shift; cmd_lock "$@" ;;
   manifest) shift; cmd_manifest "$@" ;;
   compare) shift; cmd_compare "$@" ;;
+  smoke) shift; cmd_smoke "$@" ;;
   podman-flags) shift; need podman; podman_flags "${1:?podman-flags IMAGE}" ;;
   -h|--help|"") sed -n '2,25p' "$0"; [ -n "${1:-}" ] || exit 2 ;;
-  *) die "unknown command '$1' (build, run, lock, manifest, compare, podman-flags; see --help)" ;;
+  *) die "unknown command '$1' (build, run, smoke, lock, manifest, compare, podman-flags; see --help)" ;;
 esac

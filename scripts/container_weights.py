@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
 """A preset's files for an image that carries its weights (scripts/container.sh build --with-weights).
 
-    .venv/bin/python scripts/container_weights.py PRESET OUT-DIR
+    .venv/bin/python scripts/container_weights.py PRESET OUT-DIR [DIR-IN-CONTAINER]
 
 The preset's files as `specdeck pull` and `check` left them (verified against the catalogue's
 SHA-256), hard-linked (else copied) into OUT-DIR; beside them `config.toml`, which serves them from
-/opt/specdeck/models as the image's deployment and pins each by SHA-256 (read back from the copy,
+/opt/specdeck/models (or DIR-IN-CONTAINER, a volume) as the container's deployment and pins each by SHA-256 (read back from the copy,
 so a file changed on the way refuses the start), and `weights.json`, the labels' record.
 """
 
@@ -36,7 +36,7 @@ def sha256_of(path: Path) -> str:
     return h.hexdigest()
 
 
-def stage(preset: str, out: Path) -> dict:
+def stage(preset: str, out: Path, inside: str = IN_IMAGE) -> dict:
     chosen, catalog = Chosen(name=preset), catalog_of(None)
     sel = selection_of(chosen, catalog)
     fetcher = make_fetcher(offline=True)
@@ -50,7 +50,7 @@ def stage(preset: str, out: Path) -> dict:
         except OSError:
             shutil.copyfile(path, dest)
         files[role] = {"file": path.name, "sha256": sha256_of(dest)}
-    section = {SECTION_KEY[role]: f"{IN_IMAGE}/{f['file']}" for role, f in files.items()}
+    section = {SECTION_KEY[role]: f"{inside}/{f['file']}" for role, f in files.items()}
     if sel.mtp:
         section["draft"] = "mtp"
     lines = [f"# {preset}'s files, carried by this image and pinned (scripts/container_weights.py)",
@@ -63,6 +63,6 @@ def stage(preset: str, out: Path) -> dict:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 3:
-        sys.exit("usage: container_weights.py PRESET OUT-DIR")
-    print(json.dumps(stage(sys.argv[1], Path(sys.argv[2])), indent=1))
+    if len(sys.argv) not in (3, 4):
+        sys.exit("usage: container_weights.py PRESET OUT-DIR [DIR-IN-CONTAINER]")
+    print(json.dumps(stage(sys.argv[1], Path(sys.argv[2]), *sys.argv[3:]), indent=1))
