@@ -271,8 +271,9 @@ cmd_run() {
   if [ -n "$keys" ]; then  # a podman secret, readable by the image's user only: never in argv or the environment
     podman secret rm "$name-keys" >/dev/null 2>&1 || true
     podman secret create "$name-keys" "$keys" >/dev/null || die "podman secret create $name-keys failed"
-    mounts+=(--secret "$name-keys,type=mount,target=specdeck-keys,uid=10001,gid=10001,mode=0400"
-             -e SPECDECK_API_KEY_FILE=/run/secrets/specdeck-keys)
+    # at /etc/specdeck/keys: podman 4.3 cannot mount one under /run/secrets of a read-only root
+    mounts+=(--secret "$name-keys,type=mount,target=/etc/specdeck/keys,uid=10001,gid=10001,mode=0400"
+             -e SPECDECK_API_KEY_FILE=/etc/specdeck/keys)
   fi
   # detached: kept after it stops (podman inspect shows its exit code); else removed
   local keep=(--rm); [ ${#detach[@]} -eq 0 ] || keep=(--replace)
