@@ -503,7 +503,7 @@ def test_in_a_container_doctor_names_the_image_and_a_revision_records_it(tmp_pat
     assert facts == {"engine": "podman-4.3.1", "image": "localhost/specdeck:cpu", "image_id": "ab" * 32, "labels": labels}
     line = check_container(facts).summary
     assert line.startswith("in a podman-4.3.1 container: localhost/specdeck:cpu (abababab") and "flavour cpu" in line
-    assert "version 0.1.0" in line and "revision abc1234" in line and "commit deadbee" in line
+    assert "specdeck 0.1.0" in line and "commit abc1234" in line and "llama.cpp deadbee" in line
     monkeypatch.setattr(revision, "container_facts", lambda: facts)
     assert revision.settings_json(ServeSettings(), None)["image"]["image_id"] == "ab" * 32
     # podman without --privileged writes an empty file: SPECDECK_IMAGE (container.sh run sets it) names the image
@@ -512,3 +512,10 @@ def test_in_a_container_doctor_names_the_image_and_a_revision_records_it(tmp_pat
     assert "image not stated (set SPECDECK_IMAGE" in check_container(container_facts(tmp_path, {})).summary
     named = container_facts(tmp_path, {"SPECDECK_IMAGE": "localhost/specdeck@sha256:" + "cd" * 32})
     assert named["image"] == "localhost/specdeck" and named["image_id"] == "sha256:" + "cd" * 32 and named["engine"] == "podman"
+    # --read-only's tmpfs on /run hides .containerenv: podman's container=podman variable still says it
+    (tmp_path / "run/.containerenv").unlink()
+    assert container_facts(tmp_path, {}) is None
+    hidden = container_facts(tmp_path, {"container": "podman", "SPECDECK_IMAGE": "localhost/specdeck@sha256:" + "cd" * 32})
+    assert hidden["engine"] == "podman" and hidden["image"] == "localhost/specdeck" and hidden["labels"] == labels
+    from app.ops.container import image_ref  # what a rollback tells podman to run
+    assert image_ref(hidden) == "localhost/specdeck@sha256:" + "cd" * 32 and image_ref(None) is None

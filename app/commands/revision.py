@@ -26,7 +26,7 @@ from app.commands.start_request import Chosen, NamedModel, StartRequest, UpOptio
 from app.commands.up import up_once
 from app.errors import SpecdeckError
 from app.ops.alerts import AlertSettings
-from app.ops.container import container_facts
+from app.ops.container import container_facts, image_ref
 from app.ops.revisions import Revision, RevisionStore
 from app.server import sdnotify
 from app.server.settings import ServeSettings
@@ -200,8 +200,7 @@ def cmd_config_history(args: argparse.Namespace) -> int:
         mark = " (serving)" if current.get("revision") == r.number else ""
         mark += " (last good)" if good and good.number == r.number else ""
         style = {"good": "green", "failed": "red"}.get(r.status, "yellow")
-        image = (r.settings or {}).get("image") or {}
-        ran_in = image.get("image") or image.get("image_id")
+        ran_in = image_ref((r.settings or {}).get("image"))
         table.add_row(str(r.number), f"[{style}]{r.status}[/]{mark}", r.created.replace("T", " ")[:19],
                       escape(r.summary() + (f"; image {ran_in}" if ran_in else "")), str(r.starts), escape(r.failure or "-"))
     out.print(table)
@@ -234,4 +233,8 @@ def cmd_rollback(args: argparse.Namespace) -> int:
                                 hint="see `specdeck config history`")
     server_logging()
     console.print(f"starting revision {rev.number}: {rev.summary()}", soft_wrap=True)
+    ran_in, here = image_ref((rev.settings or {}).get("image")), image_ref(container_facts())
+    if ran_in and ran_in != here:
+        console.print(f"[yellow]revision {rev.number} ran in the image {ran_in}; this runs in {here or 'no container'}: "
+                      f"to start it as it was, podman run {ran_in}[/]", soft_wrap=True)
     return _start(rev, _revision_request(rev))
