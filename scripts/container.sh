@@ -55,14 +55,17 @@ sha() { sha256sum "$1" | cut -c1-64; }
 # machine allows. Learnt by trying, said once, applied to every podman call here.
 PODMAN_GLOBAL=()
 PODMAN_RUN=()
-podman_flags() {  # $1: an image to try `true` in
+PODMAN_PROBED=""
+podman_flags() {  # $1: an image to try `true` in (once per run of this script)
+  [ -z "$PODMAN_PROBED" ] || return 0
   local out reason=()
   for _ in 1 2 3 4 5; do
     if out="$(podman "${PODMAN_GLOBAL[@]}" run --rm "${PODMAN_RUN[@]}" --network none --entrypoint true "$1" 2>&1)"; then
       if [ ! -S /run/systemd/private ] && [[ " ${PODMAN_RUN[*]} " != *" --health-interval "* ]]; then
         PODMAN_RUN+=(--health-interval disable); reason+=("no systemd to time the health check: podman healthcheck run checks it")
       fi
-      [ ${#reason[@]} -eq 0 ] || say "podman here needs: ${PODMAN_GLOBAL[*]} run ${PODMAN_RUN[*]} (${reason[*]})"
+      [ ${#reason[@]} -eq 0 ] || say "podman here needs: ${PODMAN_GLOBAL[*]} run ${PODMAN_RUN[*]} ($(IFS=';'; echo "${reason[*]}" | sed 's/;/; /g')))"
+      PODMAN_PROBED=1
       return 0
     fi
     case "$out" in
@@ -114,7 +117,7 @@ base_image() {  # $1: build|runtime -> BASE_IMAGE, built from its lock if not th
     mmdebstrap_tar "$pkgs" "$tar"
     podman import --quiet "$tar" "$name" >/dev/null
     rm -f "$tar"
-    [ ${#PODMAN_RUN[@]} -gt 0 ] || podman_flags "$name"
+    podman_flags "$name"
     if ! diff <(grep -v '^#' "$lock" | LC_ALL=C sort) <(packages_of "$name") >"$CACHE/base-$role.diff"; then
       podman rmi "$name" >/dev/null
       die "the $role base differs from $lock (see $CACHE/base-$role.diff): the mirror has moved on; bash scripts/container.sh lock"
@@ -129,7 +132,7 @@ lock_debian() {  # $1: role, $2: its packages
   say "locking Debian ($1): mmdebstrap $SUITE with $2"
   mmdebstrap_tar "$2" "$tar"
   podman import --quiet "$tar" "$name" >/dev/null && rm -f "$tar"
-  [ ${#PODMAN_RUN[@]} -gt 0 ] || podman_flags "$name"
+  podman_flags "$name"
   { echo "# Debian $SUITE packages of specdeck's $1 base image (bash scripts/container.sh lock, $(date -u +%F))"
     echo "# sources: ${MIRRORS[*]}; asked for: $2"
     packages_of "$name"; } > "$LOCKS/debian-$1.lock"
@@ -195,7 +198,7 @@ cmd_build() {
   local build_base runtime_base
   base_image build; build_base="$BASE_IMAGE"
   base_image runtime; runtime_base="$BASE_IMAGE"
-  [ ${#PODMAN_RUN[@]} -gt 0 ] || podman_flags "$runtime_base"
+  podman_flags "$runtime_base"
 
   CTX="$(mktemp -d)"; trap 'rm -rf "$CTX"' EXIT
   local ctx="$CTX"
@@ -298,15 +301,22 @@ cmd_smoke() {  # [--image IMAGE] [--preset coder-1.5b] [--port 18080]: the whole
   podman image exists "$image" || die "no image $image here: bash scripts/container.sh build"
   local work; work="$(mktemp -d)"; chmod 0755 "$work"
   SMOKE_WORK="$work"; trap 'podman rm -f specdeck-smoke >/dev/null 2>&1; rm -rf "$SMOKE_WORK"' EXIT
-  "$HERE/.venv/bin/specdeck" pull "$preset" >/dev/null || die "specdeck pull $preset failed"
-  "$HERE/.venv/bin/python" "$HERE/scripts/container_weights.py" "$preset" "$work/models" /models >/dev/null
-  { echo '[serve]'; echo 'shutdown_grace = 2'; echo; sed 's/^# .*//' "$work/models/config.toml"; } > "$work/config.toml"
-  rm "$work/models/config.toml" "$work/models/weights.json"
+  local baked inputs=()
+  baked="$(podman image inspect --format '{{index .Labels "io.specdeck.weights.preset"}}' "$image")"
+  if [ -n "$baked" ] && [ "$baked" != "<no value>" ]; then  # the image's own files and config: no volume
+    preset="$baked"; say "$image carries $baked: served from its own files and config"
+  else
+    "$HERE/.venv/bin/specdeck" pull "$preset" >/dev/null || die "specdeck pull $preset failed"
+    "$HERE/.venv/bin/python" "$HERE/scripts/container_weights.py" "$preset" "$work/models" /models >/dev/null
+    { echo '[serve]'; echo 'shutdown_grace = 2'; echo; sed 's/^# .*//' "$work/models/config.toml"; } > "$work/config.toml"
+    rm "$work/models/config.toml" "$work/models/weights.json"
+    inputs=(--models "$work/models" --config "$work/config.toml")
+  fi
   local key; key="sk-smoke-$(head -c 12 /dev/urandom | od -An -tx1 | tr -d ' \n')"
   printf 'smoke %s\n' "$key" > "$work/keys"; chmod 0600 "$work/keys"
   t0="$(date +%s.%N)"
-  bash "$0" run --image "$image" --name specdeck-smoke --detach --port "$port" --models "$work/models" \
-    --config "$work/config.toml" --keys "$work/keys" >/dev/null || die "podman run failed"
+  bash "$0" run --image "$image" --name specdeck-smoke --detach --port "$port" "${inputs[@]}" \
+    --keys "$work/keys" >/dev/null || die "podman run failed"
   for _ in $(seq 600); do
     curl -fsS "http://127.0.0.1:$port/health" >/dev/null 2>&1 && break
     [ "$(podman inspect --format '{{.State.Running}}' specdeck-smoke 2>/dev/null)" = true ] \
