@@ -343,6 +343,13 @@ cmd_smoke() {  # [--image IMAGE] [--preset coder-1.5b] [--port 18080]: the whole
   say "$image ($(( size / 1048576 )) MiB): healthy $(secs "$t0" "$t1") s after podman run; \
 first answer $(secs "$t1" "$t2") s; stopped in $(secs "$t3" "$stopped") s with exit $exit_code"
   [ "$exit_code" = 0 ] || die "the container exited $exit_code after SIGTERM"
+  if [ ${#inputs[@]} -gt 0 ]; then  # a pin that differs refuses the start, naming the file
+    sed -i '/^\[pins\]/,$ s/= "[0-9a-f]\{64\}"/= "'"$(printf '0%.0s' $(seq 64))"'"/' "$work/config.toml"
+    local refused
+    refused="$(bash "$0" run --image "$image" --name specdeck-smoke --port "$port" "${inputs[@]}" --keys "$work/keys" 2>&1 | grep 'error:' | head -n 1)" || true
+    [[ "$refused" == *"is not the one the config pins"* ]] || die "a wrong pin did not refuse the start: ${refused:-it started}"
+    say "a wrong pin: $refused"
+  fi
 }
 
 # -- what is in an image -------------------------------------------------------------------------

@@ -472,7 +472,7 @@ def test_the_configs_pins_refuse_a_model_file_that_differs_naming_it(tiny, tmp_p
 
     sha = hashlib.sha256(tiny.target.read_bytes()).hexdigest()
     config = tmp_path / "c.toml"
-    config.write_text(f'[pins]\n"{tiny.target.name}" = "{"0" * 64}"\n')
+    config.write_text(f'[serve]\nmax_queue = 4\n\n[pins]\n"{tiny.target.name}" = "{"0" * 64}"\n')  # beside [serve] too
     r = run_cli("serve", "--target", str(tiny.target), "--config", str(config), "--port", str(free_port()))
     assert r.returncode != 0 and f"target {tiny.target.name}: SHA-256 {sha} is not the one the config pins" in r.stderr, r.stderr
     assert "Traceback" not in r.stderr

@@ -195,6 +195,8 @@ def load_settings(config: Path | None, overrides: dict, model: type[BaseSettings
         except (OSError, tomllib.TOMLDecodeError) as e:
             raise SpecdeckError(f"{config}: cannot read config: {e}") from None
         values = raw.get(table, raw if table == "serve" else {})
+        if table == "serve" and isinstance(raw.get("pins"), dict):  # [pins] is its own table, beside [serve] too
+            values = {**values, "pins": raw["pins"]}
     try:
         env = model()
         merged = {**values, **{k: v for k, v in env.model_dump().items() if k in env.model_fields_set}}
