@@ -64,7 +64,7 @@ podman_flags() {  # $1: an image to try `true` in (once per run of this script)
       if [ ! -S /run/systemd/private ] && [[ " ${PODMAN_RUN[*]} " != *" --health-interval "* ]]; then
         PODMAN_RUN+=(--health-interval disable); reason+=("no systemd to time the health check: podman healthcheck run checks it")
       fi
-      [ ${#reason[@]} -eq 0 ] || say "podman here needs: ${PODMAN_GLOBAL[*]} run ${PODMAN_RUN[*]} ($(IFS=';'; echo "${reason[*]}" | sed 's/;/; /g')))"
+      [ ${#reason[@]} -eq 0 ] || say "podman here needs: ${PODMAN_GLOBAL[*]} run ${PODMAN_RUN[*]} ($(IFS=';'; echo "${reason[*]}" | sed 's/;/; /g'))"
       PODMAN_PROBED=1
       return 0
     fi
@@ -346,7 +346,8 @@ first answer $(secs "$t1" "$t2") s; stopped in $(secs "$t3" "$stopped") s with e
   if [ ${#inputs[@]} -gt 0 ]; then  # a pin that differs refuses the start, naming the file
     sed -i '/^\[pins\]/,$ s/= "[0-9a-f]\{64\}"/= "'"$(printf '0%.0s' $(seq 64))"'"/' "$work/config.toml"
     local refused
-    refused="$(bash "$0" run --image "$image" --name specdeck-smoke --port "$port" "${inputs[@]}" --keys "$work/keys" 2>&1 | grep 'error:' | head -n 1)" || true
+    refused="$(bash "$0" run --image "$image" --name specdeck-smoke-pin --port "$port" "${inputs[@]}" --keys "$work/keys" 2>&1 \
+      | grep -i 'error' | grep -v 'level=' | head -n 1)" || true
     [[ "$refused" == *"is not the one the config pins"* ]] || die "a wrong pin did not refuse the start: ${refused:-it started}"
     say "a wrong pin: $refused"
   fi
