@@ -11,7 +11,6 @@ so a file changed on the way refuses the start), and `weights.json`, the labels'
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -23,17 +22,10 @@ sys.path.insert(0, str(ROOT))
 
 from app.commands.common import catalog_of, local_path, make_fetcher, roles_of, selection_of  # noqa: E402
 from app.commands.start_request import Chosen  # noqa: E402
+from app.models.integrity import sha256_file  # noqa: E402
 
 IN_IMAGE = "/opt/specdeck/models"
 SECTION_KEY = {"target": "model", "draft": "draft", "mmproj": "mmproj", "embedding": "embedding_model"}
-
-
-def sha256_of(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def stage(preset: str, out: Path, inside: str = IN_IMAGE) -> dict:
@@ -49,7 +41,7 @@ def stage(preset: str, out: Path, inside: str = IN_IMAGE) -> dict:
             os.link(path, dest)
         except OSError:
             shutil.copyfile(path, dest)
-        files[role] = {"file": path.name, "sha256": sha256_of(dest)}
+        files[role] = {"file": path.name, "sha256": sha256_file(dest)}
     section = {SECTION_KEY[role]: f"{inside}/{f['file']}" for role, f in files.items()}
     if sel.mtp:
         section["draft"] = "mtp"
