@@ -41,6 +41,7 @@ LOCKS="$HERE/deploy/container"
 CUDA_PYPI_LINE="13.4"
 CUDA_PYPI_MAJOR="13"
 CUDA_PYPI_PINS="cuda-toolkit[nvcc,cudart,cublas,cccl,crt,nvvm]==13.4.3"
+NVML_PIN="nvidia-ml-py==13.615.71"  # reads the card's compute capability (pynvml)
 STEP="start"
 
 say()  { printf '\033[1m==> %s\033[0m\n' "$*"; }
@@ -180,7 +181,7 @@ if [ "$BUILD" = "cuda" ]; then
   fi
   export CUDACXX="$NVCC" CUDA_HOME="$(dirname "$(dirname "$NVCC")")" CUDAToolkit_ROOT="$(dirname "$(dirname "$NVCC")")"
   if [ -z "$CUDA_ARCH" ]; then  # the card's compute capability from NVML (pynvml), else nvidia-smi
-    [ -n "$LOCKED" ] || "$VPY" -m pip install --quiet "nvidia-ml-py==13.615.71"
+    [ -n "$LOCKED" ] || "$VPY" -m pip install --quiet "$NVML_PIN"
     CUDA_ARCH="$("$VPY" -c 'import pynvml; pynvml.nvmlInit(); print("%d%d" % pynvml.nvmlDeviceGetCudaComputeCapability(pynvml.nvmlDeviceGetHandleByIndex(0)))' 2>/dev/null || true)"
     [ -n "$CUDA_ARCH" ] || CUDA_ARCH="$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -n 1 | tr -d ' .')"
     [ -n "$CUDA_ARCH" ] || die "could not read the GPU's compute capability with pynvml or nvidia-smi (set CUDA_ARCH, e.g. CUDA_ARCH=86)"

@@ -160,6 +160,8 @@ PY
   say "wrote $out ($(grep -vc '^#' "$out") packages)"
 }
 
+install_sh_value() { sed -n "s/^$1=\"\([^\"]*\)\".*/\1/p" "$HERE/install.sh"; }  # install.sh's own pins
+
 runtime_requirements() {  # pyproject's dependencies but llama-cpp-python (the ladder compiles it)
   python3 -c 'import tomllib, sys
 for d in tomllib.load(open(sys.argv[1], "rb"))["project"]["dependencies"]:
@@ -172,8 +174,7 @@ cmd_lock() {
   lock_debian build "$BUILD_PKGS"
   mapfile -t reqs < <(runtime_requirements)
   lock_python requirements.lock "${reqs[@]}" "${BUILD_REQUIREMENTS[@]}"
-  local cuda; cuda="$(sed -n 's/^CUDA_PYPI_PINS="\(.*\)"$/\1/p' "$HERE/install.sh")"
-  lock_python requirements-cuda.lock "$cuda" "nvidia-ml-py==13.615.71"
+  lock_python requirements-cuda.lock "$(install_sh_value CUDA_PYPI_PINS)" "$(install_sh_value NVML_PIN)"
   podman rmi localhost/specdeck-lock:runtime localhost/specdeck-lock:build >/dev/null || true
 }
 

@@ -15,7 +15,6 @@ Standard library only: it runs before anything is installed.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import re
 import subprocess
@@ -25,16 +24,13 @@ import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from app.build.ladder import LLAMA_VERSION  # noqa: E402  (both standard library only)
+from app.models.integrity import sha256_file  # noqa: E402
+
 LOCKS = ROOT / "deploy" / "container"
 PREFIX = "io.specdeck."
-
-
-def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def llama_cpp_commit(sdist: Path, version: str) -> str:
@@ -59,8 +55,6 @@ def git_head() -> str:
 
 def labels(flavour: str, sdist: Path, cuda_arch: str = "", weights: Path | None = None) -> dict[str, str]:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    pinned = next(d for d in project["dependencies"] if d.startswith("llama-cpp-python=="))
-    llama_version = pinned.split("==", 1)[1]
     out = {
         "org.opencontainers.image.title": "specdeck",
         "org.opencontainers.image.description": project["description"],
@@ -68,14 +62,14 @@ def labels(flavour: str, sdist: Path, cuda_arch: str = "", weights: Path | None 
         "org.opencontainers.image.revision": git_head(),
         "org.opencontainers.image.licenses": project.get("license", ""),
         PREFIX + "flavour": flavour,
-        PREFIX + "llama-cpp-python.version": llama_version,
-        PREFIX + "llama-cpp-python.sdist.sha256": file_sha256(sdist),
-        PREFIX + "llama-cpp.commit": llama_cpp_commit(sdist, llama_version),
+        PREFIX + "llama-cpp-python.version": LLAMA_VERSION,
+        PREFIX + "llama-cpp-python.sdist.sha256": sha256_file(sdist),
+        PREFIX + "llama-cpp.commit": llama_cpp_commit(sdist, LLAMA_VERSION),
     }
     if cuda_arch:
         out[PREFIX + "cuda-arch"] = cuda_arch
     for lock in sorted(LOCKS.glob("*.lock")):
-        out[PREFIX + "lock." + lock.stem] = "sha256:" + file_sha256(lock)
+        out[PREFIX + "lock." + lock.stem] = "sha256:" + sha256_file(lock)
     if weights is not None:
         staged = json.loads(weights.read_text())
         out[PREFIX + "weights.preset"] = staged["preset"]

@@ -53,7 +53,7 @@ def debian_lock(role: str) -> dict[str, str]:
 
 
 def shell_value(name: str) -> str:
-    m = re.search(rf'^{name}="([^"]*)"$', INSTALL, re.M)
+    m = re.search(rf'^{name}="([^"]*)"', INSTALL, re.M)
     assert m, f"install.sh sets no {name}"
     return m.group(1)
 
@@ -77,7 +77,7 @@ def test_the_python_lock_pins_every_dependency_of_specdeck_at_its_version():
 def test_the_locks_hold_what_install_sh_installs():
     lock = python_lock("requirements.lock")
     gguf = re.search(r'"gguf==([^"]+)"', INSTALL).group(1)
-    nvml = re.search(r'"nvidia-ml-py==([^"]+)"', INSTALL).group(1)
+    nvml = shell_value("NVML_PIN").split("==", 1)[1]
     assert lock["gguf"] == gguf and lock["nvidia-ml-py"] == nvml
     cuda = python_lock("requirements-cuda.lock")
     toolkit = Requirement(shell_value("CUDA_PYPI_PINS"))
