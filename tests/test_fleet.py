@@ -200,7 +200,7 @@ import json  # noqa: E402
 import httpx  # noqa: E402
 from conftest import run_cli  # noqa: E402
 
-from support.live import Serve, free_port  # noqa: E402
+from support.live import Serve, free_port, wait_for  # noqa: E402
 
 CTX = 2048
 
@@ -229,15 +229,6 @@ def healthy(url: str) -> bool:
         return httpx.get(f"{url}/health", timeout=5).status_code == 200
     except httpx.HTTPError:
         return False
-
-
-def wait(what, timeout: float = 60.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if got := what():
-            return got
-        time.sleep(0.1)
-    return what()
 
 
 @pytest.fixture(scope="module")
@@ -299,14 +290,14 @@ def test_keep_alive_zero_unloads_an_empty_prompt_loads_and_a_damaged_file_fails_
     r = httpx.post(f"{url}/api/generate", json={"model": "spare", "prompt": "Hi", "stream": False, "keep_alive": 0,
                                                 "options": {"num_predict": 3}}, timeout=120)
     assert r.status_code == 200 and r.json()["done"], r.text
-    assert wait(lambda: "spare" not in loaded(url)), loaded(url)
+    assert wait_for(lambda: "spare" not in loaded(url), 60), loaded(url)
     r = httpx.post(f"{url}/api/generate", json={"model": "spare", "keep_alive": "5m"}, timeout=120)
     assert r.json()["done_reason"] == "load" and "spare" in loaded(url)
     ps = {m["name"]: m for m in httpx.get(f"{url}/api/ps").json()["models"]}
     assert ps["spare"]["expires_at"] < ps["coder"]["expires_at"]  # 5 minutes, against never
     r = httpx.post(f"{url}/api/generate", json={"model": "spare", "keep_alive": 0}, timeout=120)
     assert r.json()["done_reason"] == "unload"
-    assert wait(lambda: "spare" not in loaded(url))
+    assert wait_for(lambda: "spare" not in loaded(url), 60)
     r = httpx.post(f"{url}/api/generate", json={"model": "spare", "keep_alive": "soon"})
     assert r.status_code == 400 and "keep_alive" in r.json()["error"]
     # the file is damaged while it is not loaded: its load fails, the others go on serving
@@ -393,7 +384,7 @@ def test_a_budget_that_holds_one_switches_on_demand_with_requests_to_both_in_fli
     r = subprocess.Popen([*SPECDECK, "rollback", str(rev["number"])], cwd=ROOT, stdout=subprocess.DEVNULL,
                          stderr=subprocess.PIPE, text=True)
     try:  # the set starts again: both served, the first loaded, on the recorded port
-        assert wait(lambda: r.poll() is not None or healthy(url), 300), "rollback never served"
+        assert wait_for(lambda: r.poll() is not None or healthy(url), 300), "rollback never served"
         assert r.poll() is None, r.communicate()
         assert [m["name"] for m in httpx.get(f"{url}/api/tags").json()["models"]] == ["coder", "gemma"]
         assert loaded(url) == {"coder"} and ask(url, "gemma").json()["model"] == "gemma"
@@ -443,26 +434,16 @@ def test_doctor_checks_each_model_and_whether_they_fit_together(tiny, tmp_path):
 
 
 def test_up_serves_several_models_and_logs_each_ones_state(tiny):
-    import subprocess
+    from support.live import up_until_sigterm
 
-    from support.live import ROOT, SPECDECK
-
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    p = subprocess.Popen([*SPECDECK, "up", "--model", f"a={tiny.target}", "--model", f"b={tiny.draft}", "--port", str(port),
-                          "--ctx", "256", "--log-interval", "0.5"], cwd=ROOT, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True)
-    try:
-        assert wait(lambda: p.poll() is not None or healthy(url), 120)
-        assert p.poll() is None, p.communicate()
+    def each_answers(url: str) -> None:
         for name in ("a", "b"):
             r = ask(url, name, "a b c")
             assert r.status_code == 200 and r.json()["model"] == name, r.text
-        time.sleep(1.5)
-        p.terminate()
-        out, err = p.communicate(timeout=60)
-    finally:
-        p.kill()
+
+    p = up_until_sigterm("--model", f"a={tiny.target}", "--model", f"b={tiny.draft}", "--ctx", "256",
+                         "--log-interval", "0.5", port=free_port(), during=each_answers)
+    out, err = p.stdout, p.stderr
     assert p.returncode == 0, err
     assert "a: target target.gguf" in err and "b: target draft.gguf" in err, err  # each pulled and verified
     lines = [line for line in out.splitlines() if line.startswith("specdeck: tok/s")]

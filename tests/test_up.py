@@ -22,7 +22,7 @@ import httpx
 import pytest
 from conftest import REAL_CACHE, ROOT, run_cli
 from openai import OpenAI
-from support.live import free_port, wait_for
+from support.live import free_port, up_until_sigterm, wait_for
 
 from app.models.catalog import load_catalog
 
@@ -133,19 +133,13 @@ def test_up_on_a_busy_port_is_one_line_before_any_work(tiny):
 
 
 def test_up_not_a_tty_logs_lines_and_sigterm_stops_it_cleanly(tiny, tmp_path):
-    port = free_port()
-    p = subprocess.Popen([*SPECDECK, "up", "--target", str(tiny.target), "--draft", str(tiny.draft), "--port", str(port),
-                          "--ctx", "256", "--log-interval", "0.5"], cwd=ROOT, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True)
-    try:
-        assert wait_for(lambda: _get(f"http://127.0.0.1:{port}/health") == 200, 120), "never ready"
-        OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0).completions.create(
+    def ask(url: str) -> None:
+        OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0).completions.create(
             model="custom", prompt="a b c", max_tokens=5, temperature=0)
-        time.sleep(1.5)
-        p.terminate()
-        out, err = p.communicate(timeout=30)
-    finally:
-        p.kill()
+
+    p = up_until_sigterm("--target", str(tiny.target), "--draft", str(tiny.draft), "--ctx", "256", "--log-interval", "0.5",
+                         port=free_port(), during=ask)
+    out, err = p.stdout, p.stderr
     assert p.returncode == 0, err
     lines = [line for line in out.splitlines() if line.startswith("specdeck: tok/s")]
     assert lines and "done 2" in lines[-1] and "tokens_out 13" in lines[-1]  # the start-up smoke (8 tokens), then ours

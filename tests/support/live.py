@@ -43,6 +43,32 @@ def wait_for(what, timeout: float, every: float = 0.25):
     return None
 
 
+def up_until_sigterm(*args: str, port: int, during, ready: float = 120.0, settle: float = 1.5) -> subprocess.CompletedProcess[str]:
+    """`specdeck up ARGS --port PORT` as a subprocess (no TTY: it logs lines): once its /health
+    answers 200, `during(url)`, then after `settle` seconds (a log interval) SIGTERM; what it printed."""
+    import urllib.request
+
+    def healthy() -> bool:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as r:
+                return r.status == 200
+        except OSError:
+            return False
+
+    p = subprocess.Popen([*SPECDECK, "up", *args, "--port", str(port)], cwd=ROOT, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    try:
+        assert wait_for(lambda: p.poll() is not None or healthy(), ready), "never ready"
+        assert p.poll() is None, p.communicate()
+        during(f"http://127.0.0.1:{port}")
+        time.sleep(settle)
+        p.terminate()
+        out, err = p.communicate(timeout=60)
+    finally:
+        p.kill()
+    return subprocess.CompletedProcess(p.args, p.returncode, out, err)
+
+
 class Progress:
     """Whether a process (with its children) is still working: its CPU time went on advancing within
     the last `stall` seconds. A wait on a server is bounded by this, not by a fixed time, so a slow or
