@@ -254,9 +254,9 @@ cmd_run() {
   while [ $# -gt 0 ]; do
     case "$1" in
       --image) shift; image="${1:-}" ;;
-      --models) shift; models="$(cd "${1:?--models needs a folder}" && pwd)" || die "no folder $1" ;;
-      --config) shift; config="$(realpath "${1:?--config needs a file}")"; [ -f "$config" ] || die "no config file $config" ;;
-      --keys) shift; keys="$(realpath "${1:?--keys needs a file}")"; [ -f "$keys" ] || die "no key file $keys" ;;
+      --models) shift; [ -d "${1:-}" ] || die "--models needs a folder (not '${1:-}')"; models="$(cd "$1" && pwd)" ;;
+      --config) shift; [ -f "${1:-}" ] || die "--config needs a file (not '${1:-}')"; config="$(realpath "$1")" ;;
+      --keys) shift; [ -f "${1:-}" ] || die "--keys needs a key file (not '${1:-}')"; keys="$(realpath "$1")" ;;
       --port) shift; port="${1:-}" ;;
       --name) shift; name="${1:-}" ;;
       --detach) detach=(--detach) ;;
@@ -356,7 +356,8 @@ first answer $(secs "$t1" "$t2") s; stopped in $(secs "$t3" "$stopped") s with e
 
 # -- what is in an image -------------------------------------------------------------------------
 cmd_manifest() {
-  local image="${1:?manifest IMAGE}"
+  [ -n "${1:-}" ] || die "usage: container.sh manifest IMAGE"
+  local image="$1"
   need podman
   podman_flags "$image" 2>/dev/null
   podman "${PODMAN_GLOBAL[@]}" run --rm "${PODMAN_RUN[@]}" --network none --user 0 --entrypoint sh "$image" -c '
@@ -366,7 +367,8 @@ cmd_manifest() {
 }
 
 cmd_compare() {
-  local a="${1:?compare IMAGE-A IMAGE-B}" b="${2:?compare IMAGE-A IMAGE-B}" work
+  [ -n "${2:-}" ] || die "usage: container.sh compare IMAGE-A IMAGE-B"
+  local a="$1" b="$2" work
   work="$(mktemp -d)"
   cmd_manifest "$a" > "$work/a" && cmd_manifest "$b" > "$work/b" || die "could not read the images"
   if diff -u "$work/a" "$work/b" > "$work/diff"; then
@@ -385,7 +387,7 @@ case "${1:-}" in
   manifest) shift; cmd_manifest "$@" ;;
   compare) shift; cmd_compare "$@" ;;
   smoke) shift; cmd_smoke "$@" ;;
-  podman-flags) shift; need podman; podman_flags "${1:?podman-flags IMAGE}" ;;
+  podman-flags) shift; need podman; [ -n "${1:-}" ] || die "usage: container.sh podman-flags IMAGE"; podman_flags "$1" ;;
   -h|--help|"") sed -n '2,25p' "$0"; [ -n "${1:-}" ] || exit 2 ;;
   *) die "unknown command '$1' (build, run, smoke, lock, manifest, compare, podman-flags; see --help)" ;;
 esac

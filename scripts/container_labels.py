@@ -36,15 +36,19 @@ PREFIX = "io.specdeck."
 def llama_cpp_commit(sdist: Path, version: str) -> str:
     """The llama.cpp commit named by the sdist's CHANGELOG under its own version ("update llama.cpp
     to ggml-org/llama.cpp@<sha>"); the sdist carries no git history."""
-    with tarfile.open(sdist) as tar:
+    try:
+        tar = tarfile.open(sdist)
+    except (OSError, tarfile.TarError) as e:
+        raise SystemExit(f"container_labels.py: error: {sdist}: not a readable sdist ({e})") from None
+    with tar:
         member = next((m for m in tar.getmembers() if m.name.count("/") == 1 and m.name.endswith("/CHANGELOG.md")), None)
         if member is None:
-            raise SystemExit(f"{sdist.name}: no CHANGELOG.md")
+            raise SystemExit(f"container_labels.py: error: {sdist.name}: no CHANGELOG.md")
         text = tar.extractfile(member).read().decode("utf-8", "replace")
     section = re.search(rf"^## \[{re.escape(version)}\]\s*$(.*?)(?=^## \[|\Z)", text, re.M | re.S)
     found = re.search(r"llama\.cpp@([0-9a-f]{7,40})", section.group(1)) if section else None
     if found is None:
-        raise SystemExit(f"{sdist.name}: its CHANGELOG names no llama.cpp commit for {version}")
+        raise SystemExit(f"container_labels.py: error: {sdist.name}: its CHANGELOG names no llama.cpp commit for {version}")
     return found.group(1)
 
 
@@ -85,6 +89,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cuda-arch", default="")
     ap.add_argument("--weights", type=Path, help="scripts/container_weights.py's record of the files the image carries")
     args = ap.parse_args(argv)
+    for given in (args.sdist, args.weights):
+        if given is not None and not given.is_file():
+            raise SystemExit(f"container_labels.py: error: no file {given}")
     json.dump(labels(args.flavour, args.sdist, args.cuda_arch, args.weights), sys.stdout, indent=1)
     print()
     return 0

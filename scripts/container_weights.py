@@ -22,6 +22,7 @@ sys.path.insert(0, str(ROOT))
 
 from app.commands.common import catalog_of, local_path, make_fetcher, roles_of, selection_of  # noqa: E402
 from app.commands.start_request import Chosen  # noqa: E402
+from app.errors import SpecdeckError  # noqa: E402
 from app.models.integrity import sha256_file  # noqa: E402
 
 IN_IMAGE = "/opt/specdeck/models"
@@ -57,4 +58,7 @@ def stage(preset: str, out: Path, inside: str = IN_IMAGE) -> dict:
 if __name__ == "__main__":
     if len(sys.argv) not in (3, 4):
         sys.exit("usage: container_weights.py PRESET OUT-DIR [DIR-IN-CONTAINER]")
-    print(json.dumps(stage(sys.argv[1], Path(sys.argv[2]), *sys.argv[3:]), indent=1))
+    try:
+        print(json.dumps(stage(sys.argv[1], Path(sys.argv[2]), *sys.argv[3:]), indent=1))
+    except (SpecdeckError, OSError) as e:
+        sys.exit(f"container_weights.py: error: {e}")

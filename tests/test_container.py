@@ -174,6 +174,10 @@ def test_an_sdist_whose_changelog_names_no_commit_is_refused_in_one_line(tmp_pat
     sdist = fake_sdist(tmp_path / "llama_cpp_python-0.3.36.tar.gz", CHANGELOG.replace("@0c1e57098", ""))
     r = labels_of("--flavour", "cpu", "--sdist", str(sdist))
     assert r.returncode != 0 and "names no llama.cpp commit for 0.3.36" in r.stderr and "Traceback" not in r.stderr
+    (tmp_path / "not-a-tar.tar.gz").write_text("x")
+    for bad in (tmp_path / "missing.tar.gz", tmp_path / "not-a-tar.tar.gz"):
+        r = labels_of("--flavour", "cpu", "--sdist", str(bad))
+        assert r.returncode != 0 and r.stderr.startswith("container_labels.py: error: ") and "Traceback" not in r.stderr, r.stderr
 
 
 @pytest.mark.parametrize("args", [["build", "--flavour", "gpu"], ["build", "--flavour", "cuda"], ["frobnicate"]])
