@@ -4,8 +4,9 @@
 #   bash install.sh            install (CUDA build of llama-cpp-python where nvidia-smi sees a GPU,
 #                              with the CUDA toolkit from PyPI if no nvcc is installed; CPU build
 #                              otherwise). The build must pass a smoke decode before this says done:
-#                              one that dies by a signal (SIGILL) is rebuilt without AMX, then as a
-#                              portable AVX2 build (see app/build/ladder.py)
+#                              a CPU that advertises AMX it cannot run (asked first: app/build/amx.py)
+#                              builds without AMX; one that dies by a signal (SIGILL) is rebuilt
+#                              without AMX, then as a portable AVX2 build (see app/build/ladder.py)
 #   bash install.sh --test     also install the test extras, and Debian's promtool and nginx for the tests
 #   options: --cpu | --cuda    force the llama-cpp-python build
 #            --rebuild         forget cached wheels and remembered failures for this CPU

@@ -97,8 +97,8 @@ class _Run:
         return self.results.pop(0)
 
 
-def _climb(tmp_path, run, cpu_text=INTEL_AMX):
-    rungs = ladder.rungs_for("cpu", _cpu(cpu_text, tmp_path))
+def _climb(tmp_path, run, cpu_text=INTEL_AMX, amx_runs=None):
+    rungs = ladder.rungs_for("cpu", _cpu(cpu_text, tmp_path), amx_runs=amx_runs)
     built, said = [], []
 
     def obtain(python, rung, folder, say):
@@ -121,6 +121,55 @@ def test_climb_rebuilds_without_amx_after_sigill_and_remembers(tmp_path):
     # a second install on the same CPU does not build the native wheel again
     record, built, said = _climb(tmp_path, _Run(ok))
     assert built == ["native-no-amx"] and any("skipping the native build" in s for s in said)
+
+
+def test_rungs_follow_the_amx_probe(tmp_path):
+    intel, amd = _cpu(INTEL_AMX, tmp_path), _cpu(AMD, tmp_path)
+    names = lambda cpu, runs: [r.name for r in ladder.rungs_for("cpu", cpu, amx_runs=runs)]  # noqa: E731
+    assert names(intel, False) == ["native-no-amx", "portable-avx2"]  # advertised, cannot run: no native build
+    assert names(intel, True) == names(intel, None) == ["native", "native-no-amx", "portable-avx2"]
+    assert names(amd, False) == ["native", "portable-avx2"]  # nothing advertised: nothing to leave out
+    assert [r.name for r in ladder.rungs_for("cuda", intel, amx_runs=False)] == ["cuda-native-no-amx", "cuda-portable-avx2"]
+
+
+def test_climb_on_a_cpu_whose_amx_cannot_run_compiles_once_and_says_no_crash(tmp_path):
+    ok = SmokeResult(True, "decoded", system_info="CPU : AVX2 = 1 | AVX512 = 1 | REPACK = 1 |")
+    record, built, said = _climb(tmp_path, _Run(ok), amx_runs=False)
+    assert built == ["native-no-amx"] and record["rung"] == "native-no-amx" and record["skipped"] == []
+    assert not any("died" in s for s in said)
+    sigill = SmokeResult(False, "died", "SIGILL")  # the ladder still catches any other crash
+    record, built, said = _climb(tmp_path / "b", _Run(sigill, ok), amx_runs=False)
+    assert built == ["native-no-amx", "portable-avx2"] and record["rung"] == "portable-avx2"
+
+
+def test_the_amx_probe_answers_on_this_machine():
+    """The real probe, compiled and run here: a CPU that does not advertise AMX cannot run it (the
+    kernel refuses the tile state); one that does gets a yes or a no, never 'unknown'."""
+    from app.build.amx import probe_amx
+
+    cpu = read_cpu()
+    if cpu.machine != "x86_64":
+        pytest.skip("AMX is x86-64's")
+    p = probe_amx()
+    print(f"\n{cpu.model}: advertises AMX {cpu.advertises_amx}; probe: {p}")
+    assert p.runs is not None, p.why
+    if not cpu.advertises_amx:
+        assert p.runs is False and "kernel refuses" in p.why
+
+
+def test_the_amx_probe_reads_a_faulting_tile_instruction_and_a_clean_exit():
+    """Without the kernel's permission a tile instruction faults on every x86-64 Linux machine (with
+    or without AMX): the probe's reading of a signal, for real; and the other answers."""
+    from app.build.amx import REFUSED, SOURCE, probe_amx, verdict
+
+    if read_cpu().machine != "x86_64":
+        pytest.skip("AMX is x86-64's")
+    asked = "if (syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) != 0)"
+    assert asked in SOURCE
+    p = probe_amx(source=SOURCE.replace(asked, "if (0)"))
+    assert p.runs is False and ("SIGILL" in p.why or "SIGSEGV" in p.why), p
+    assert verdict(0).runs is True and verdict(REFUSED).runs is False and verdict(1).runs is None
+    assert probe_amx(cc="no-such-cc").runs is None
 
 
 def test_climb_falls_back_to_portable_avx2_then_gives_up(tmp_path):

@@ -4,6 +4,7 @@
 
 Rungs, tried in order until the smoke decode passes:
   native         llama.cpp's default (-march=native): fastest, but a VM can advertise AMX it cannot run
+                 (asked first, app/build/amx.py: where it cannot, this rung is left out)
   native-no-amx  the same without AMX (-mno-amx-*), only where the CPU advertises AMX
   portable-avx2  GGML_NATIVE=OFF with AVX, AVX2, FMA, F16C, BMI2 (no AVX-512, no AMX)
 With --portable only the last rung is built (an image for other machines). Every rung compiles
@@ -40,6 +41,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from app.build.amx import probe_amx
 from app.build.isa import CpuIsa, read_cpu
 
 LLAMA_VERSION = "0.3.36"
@@ -63,9 +65,11 @@ class Rung:
 
 
 def rungs_for(kind: str, cpu: CpuIsa, user_cmake_args: str = "", cuda_archs: str = "",
-              portable: bool = False) -> list[Rung]:
+              portable: bool = False, amx_runs: bool | None = None) -> list[Rung]:
     """The builds to try on this CPU, best first. `portable`: only the portable AVX2 build (an
-    image for other x86-64 machines, e.g. scripts/container.sh's cpu flavour)."""
+    image for other x86-64 machines, e.g. scripts/container.sh's cpu flavour). `amx_runs`: the
+    AMX probe's answer (app/build/amx.py); False on a CPU that advertises AMX starts without it
+    (the native build would die at its first decode), None leaves the smoke decode to find out."""
     base = "-DGGML_CUDA=on" + (f" -DCMAKE_CUDA_ARCHITECTURES={cuda_archs}" if cuda_archs else "") if kind == "cuda" else ""
     prefix = f"{kind}-" if kind == "cuda" else ""
 
@@ -75,12 +79,14 @@ def rungs_for(kind: str, cpu: CpuIsa, user_cmake_args: str = "", cuda_archs: str
     portable_rung = Rung(prefix + "portable-avx2", args(PORTABLE_AVX2), "a portable AVX2 build (no AVX-512, no AMX)")
     if portable and cpu.machine in ("x86_64", "AMD64"):
         return [portable_rung]
-    rungs = [Rung(prefix + "native", args(), "llama.cpp's native build")]
+    native = Rung(prefix + "native", args(), "llama.cpp's native build")
     if cpu.machine not in ("x86_64", "AMD64"):
-        return rungs
+        return [native]
+    rungs = [native]
     if cpu.advertises_amx:
-        rungs.append(Rung(prefix + "native-no-amx", args(f"-DCMAKE_C_FLAGS='{NO_AMX}'", f"-DCMAKE_CXX_FLAGS='{NO_AMX}'"),
-                          "without AMX, which this CPU advertises"))
+        no_amx = Rung(prefix + "native-no-amx", args(f"-DCMAKE_C_FLAGS='{NO_AMX}'", f"-DCMAKE_CXX_FLAGS='{NO_AMX}'"),
+                      "without AMX, which this CPU advertises")
+        rungs = [no_amx] if amx_runs is False else [native, no_amx]
     rungs.append(portable_rung)
     return rungs
 
@@ -223,7 +229,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"==> {msg}", flush=True)
 
     cpu = read_cpu()
-    rungs = rungs_for(args.kind, cpu, os.environ.get("CMAKE_ARGS", "").strip(), args.cuda_arch, portable=args.portable)
+    amx = probe_amx() if cpu.advertises_amx and not args.portable else None
+    rungs = rungs_for(args.kind, cpu, os.environ.get("CMAKE_ARGS", "").strip(), args.cuda_arch, portable=args.portable,
+                      amx_runs=amx.runs if amx is not None else None)
+    if amx is not None and amx.runs is False and not args.check:
+        say(f"this CPU advertises AMX but cannot run it ({amx.why}): the build goes without AMX")
     context = build_context(args.python, cpu, args.kind)
     cache = cache_root()
     if args.rebuild:
