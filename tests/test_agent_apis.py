@@ -263,17 +263,59 @@ def test_openai_request_semantics(api):
     assert [m["id"] for m in models["data"]] == ["tiny", "coder"] and models["models"][0]["slug"] == "tiny"
 
 
-def test_strict_model_refuses_other_names(pair):
+# one request per API that names a model: (path, body)
+NAMED = [
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "a"}], "max_tokens": 1}),
+    ("/v1/completions", {"prompt": "a", "max_tokens": 1}),
+    ("/v1/responses", {"input": "a", "max_output_tokens": 1}),
+    ("/v1/messages", {"messages": [{"role": "user", "content": "a"}], "max_tokens": 1}),
+    ("/v1/messages/count_tokens", {"messages": [{"role": "user", "content": "a"}]}),
+    ("/api/chat", {"messages": [{"role": "user", "content": "a"}], "stream": False, "options": {"num_predict": 1}}),
+    ("/api/generate", {"prompt": "a", "stream": False, "options": {"num_predict": 1}}),
+    ("/api/show", {}),
+    ("/completion", {"prompt": "a", "n_predict": 1}),
+    ("/tokenize", {"content": "a"}),
+]
+
+
+@pytest.fixture(scope="module")
+def strict(pair):
     s = LiveServer(*pair, ServeSettings(port=free_port(), strict_model=True, model_aliases=["coder"]), parallel=1)
-    try:
-        for name, status in (("gpt-9", 404), ("coder", 200), ("tiny", 200)):
-            r = httpx.post(s.url + "/v1/completions", json={"prompt": "a", "model": name, "max_tokens": 1}, timeout=60)
-            assert r.status_code == status, (name, r.text)
-        r = httpx.post(s.url + "/v1/messages", json={"model": "claude-x", "max_tokens": 1,
-                                                       "messages": [{"role": "user", "content": "a"}]}, timeout=60)
-        assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error"
-    finally:
-        s.close()
+    yield s
+    s.close()
+
+
+@pytest.mark.parametrize("path,body", NAMED, ids=[p for p, _ in NAMED])
+def test_one_model_serves_any_name_on_every_api(api, path, body):
+    for name in ("gpt-4o", "llama3:8b", "claude-sonnet-4-5", "specdeck", "coder", "tiny:latest"):
+        r = httpx.post(api.url + path, headers=H, json={**body, "model": name}, timeout=60)
+        assert r.status_code == 200, (name, r.text)
+
+
+def test_ollama_names_the_real_model_whatever_it_was_asked(api):
+    tags = httpx.get(api.url + "/api/tags", headers=H).json()["models"]
+    assert [t["name"] for t in tags] == ["tiny"]
+    show = httpx.post(api.url + "/api/show", headers=H, json={"model": "qwen2.5-coder:7b"}).json()
+    assert show["model_info"]["general.name"] == "tiny"
+    r = httpx.post(api.url + "/api/chat", headers=H, json={"model": "llama3", "messages": [{"role": "user", "content": "a"}],
+                                                          "stream": False, "options": {"num_predict": 1}})
+    assert r.json()["model"] == "tiny", r.text
+
+
+@pytest.mark.parametrize("path,body", NAMED, ids=[p for p, _ in NAMED])
+def test_strict_model_refuses_other_names_in_each_apis_envelope(strict, path, body):
+    for name in ("tiny", "tiny:latest", "coder", "specdeck"):
+        r = httpx.post(strict.url + path, json={**body, "model": name}, timeout=60)
+        assert r.status_code == 200, (name, r.text)
+    r = httpx.post(strict.url + path, json={**body, "model": "gpt-9"}, timeout=60)
+    assert r.status_code == 404, r.text
+    err = r.json()
+    if path.startswith("/api/"):  # Ollama's envelope: one string
+        assert set(err) == {"error"} and "'gpt-9'" in err["error"] and "served: tiny" in err["error"]
+    elif path.startswith("/v1/messages"):  # Anthropic's
+        assert err["type"] == "error" and err["error"]["type"] == "not_found_error" and "served: tiny" in err["error"]["message"]
+    else:  # OpenAI's (llama-server's routes too)
+        assert err["error"]["code"] == "model_not_found" and err["error"]["models"] == ["tiny"], err
 
 
 def test_logprobs_with_speculation_on_and_off(api):

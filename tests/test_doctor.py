@@ -195,6 +195,19 @@ def test_doctor_cli_on_the_tiny_pair_json_and_broken_cases(tiny, tmp_path):
     assert "✓ smoke decode" in r.stdout and "failed" in r.stdout.splitlines()[-1]
 
 
+def test_doctor_names_the_chat_template_fallback_and_the_file_that_overrides_it(gemma_270m, tmp_path):
+    from app.chat.fallback import NOTE
+
+    r = run_cli("doctor", "--target", str(gemma_270m), "--json", "--port", str(_free_port()))
+    check = {c["name"]: c for c in json.loads(r.stdout)["checks"]}["chat template"]
+    assert check["status"] == "warn" and check["summary"] == NOTE, check
+    own = tmp_path / "gemma.jinja"
+    own.write_text("{% for m in messages %}<start_of_turn>{{ m.role }}\n{{ m.content }}<end_of_turn>\n{% endfor %}")
+    r = run_cli("doctor", "--target", str(gemma_270m), "--json", "--port", str(_free_port()), "--chat-template-file", str(own))
+    check = {c["name"]: c for c in json.loads(r.stdout)["checks"]}["chat template"]
+    assert check["status"] == "ok" and str(own) in check["summary"], check
+
+
 @pytest.mark.real
 def test_whole_doctor_on_this_machine_exits_0(real_pair):
     """The default preset, pulled and verified: every check passes (warnings allowed), nothing re-hashed."""

@@ -184,9 +184,14 @@ def test_names_aliases_and_the_default():
     try:
         assert fleet.find("qwen") is a and fleet.find("coder") is a and fleet.find("gemma:latest") is b
         assert fleet.find("gpt-4o") is None  # several models, no default: unknown
-        assert fleet.find(None) is a  # a request naming none: the first
+        assert fleet.find(None) is a and fleet.find("specdeck") is a  # no name, or the server's: the first
         fleet.default = "gemma"
         assert fleet.find("gpt-4o") is b and fleet.find(None) is b
+        fleet.strict = True  # --strict-model: only the served names and aliases
+        assert fleet.find("gpt-4o") is None and fleet.find("coder:latest") is a and fleet.find("specdeck") is b
+        del fleet.members["gemma"]
+        fleet.default, fleet.strict = None, False  # one model: any name reaches it
+        assert fleet.find("gpt-4o") is a and fleet.find("llama3:8b") is a
     finally:
         fleet.stop()
 
@@ -271,6 +276,44 @@ def test_several_models_are_listed_resident_and_each_answers_for_its_name(three)
         assert r.status_code == 200 and r.json()["model"] == name, r.text
     metrics = httpx.get(f"{url}/metrics").text
     assert 'specdeck_slots{model="coder"} 1.0' in metrics and 'specdeck_slots{model="gemma"} 1.0' in metrics
+
+
+def test_a_model_without_a_chat_template_chats_through_chatml_on_every_api(three):
+    """Gemma 3 270M's GGUF has no chat template: it is served with ChatML (as llama-server does),
+    said once in the log and in /v1/models, with the generic JSON tool format."""
+    from app.chat.fallback import FALLBACK, NOTE
+
+    url, hi = three.url, [{"role": "user", "content": "Say hello."}]
+    assert three.serve.output.count(f"gemma: {NOTE}") == 1 and f"coder: {NOTE}" not in three.serve.output
+    meta = {m["id"]: m["meta"] for m in httpx.get(f"{url}/v1/models").json()["data"]}
+    assert meta["gemma"]["chat_template"] == FALLBACK and meta["gemma"]["note"] == NOTE
+    assert meta["coder"]["chat_template"] == "model" and "note" not in meta["coder"]
+    prompt = httpx.post(f"{url}/apply-template", json={"model": "gemma", "messages": hi}).json()["prompt"]
+    assert prompt == "<|im_start|>user\nSay hello.<|im_end|>\n<|im_start|>assistant\n"
+    props = httpx.get(f"{url}/props", params={"model": "gemma"}).json()
+    assert props["chat_format"] == "generic" and props["chat_template_caps"]["supports_tools"] is True
+    r = httpx.post(f"{url}/v1/chat/completions", json={"model": "gemma", "messages": hi, "max_tokens": 48, "temperature": 0},
+                   timeout=300)
+    assert r.status_code == 200 and r.json()["choices"][0]["message"]["role"] == "assistant", r.text
+    assert "<|im_end|>" not in r.json()["choices"][0]["message"]["content"]  # the fallback's end of turn ends the answer
+    assert r.json()["usage"]["prompt_tokens"] == len(httpx.post(f"{url}/tokenize", json={"model": "gemma", "content": prompt,
+                                                                                         "add_special": True}).json()["tokens"])
+    r = httpx.post(f"{url}/v1/messages", json={"model": "gemma", "messages": hi, "max_tokens": 8, "temperature": 0}, timeout=300)
+    assert r.status_code == 200 and r.json()["type"] == "message", r.text
+    r = httpx.post(f"{url}/api/chat", json={"model": "gemma", "messages": hi, "stream": False,
+                                            "options": {"num_predict": 8, "temperature": 0}}, timeout=300)
+    assert r.status_code == 200 and r.json()["message"]["role"] == "assistant" and r.json()["done"], r.text
+    tool = {"type": "function", "function": {"name": "get_weather", "description": "the weather in a city",
+                                             "parameters": {"type": "object", "properties": {"city": {"type": "string", "enum": ["Oslo"]}},
+                                                            "required": ["city"]}}}
+    n = [httpx.post(f"{url}/v1/chat/completions/input_tokens", json={"model": "gemma", "messages": hi, **more}).json()["input_tokens"]
+         for more in ({}, {"tools": [tool]})]
+    assert n[1] > n[0] + 20  # the tools written into the system message, in the generic format's words
+    r = httpx.post(f"{url}/v1/chat/completions", json={"model": "gemma", "messages": hi, "max_tokens": 64, "temperature": 0,
+                                                      "tools": [tool], "tool_choice": "required"}, timeout=300)
+    assert r.status_code == 200, r.text
+    call = r.json()["choices"][0]["message"]["tool_calls"][0]["function"]  # forced: the generic format's call grammar
+    assert r.status_code == 200 and call["name"] == "get_weather" and isinstance(json.loads(call["arguments"]), dict), r.text
 
 
 def test_an_unknown_model_is_404_naming_the_served_ones_in_each_apis_shape(three):

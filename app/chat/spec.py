@@ -16,6 +16,7 @@ class ChatSpec:
     tools: ToolFormat | None = None
     reasoning: Reasoning | None = None
     note: str | None = None  # said once at start (e.g. NOT_PARSED)
+    stops: tuple[str, ...] = ()  # text that ends an answer where the model may write it as text (the fallback's)
 
     @property
     def name(self) -> str:
@@ -35,4 +36,4 @@ class ChatSpec:
 
     def without_reasoning(self) -> ChatSpec:
         """--reasoning-format none: the answer's raw text, reasoning markers and all, as content."""
-        return ChatSpec(self.tools, None, self.note)
+        return ChatSpec(self.tools, None, self.note, self.stops)

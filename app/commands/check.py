@@ -19,6 +19,9 @@ from app.commands.common import (
     out,  # noqa: E402
     template_file,
 )
+from app.chat.fallback import FALLBACK
+from app.chat.fallback import NOTE as FALLBACK_NOTE
+from app.chat.fallback import origin as template_origin
 from app.errors import GGUFError, PairError
 from app.gguf.projector import fits, read_projector
 from app.gguf.info import ModelInfo, read_model_info
@@ -203,8 +206,9 @@ def cmd_check(args: argparse.Namespace) -> int:
     draft = local_path(fetcher, sel.draft) if sel.draft else None
     result = check_pair(target, draft, probe=not args.no_probe, mtp=sel.mtp)
     vision = projector_check(local_path(fetcher, sel.mmproj), result.target.info) if sel.mmproj else None
-    template = chat_template(template_file(args), sel)
-    if template is not None:  # the template served in place of the target's own
+    template = chat_template(template_file(args), sel, result.target.info)
+    fallback = template_origin(template, result.target.info.vocab.chat_template) == FALLBACK
+    if template is not None:  # the template served in place of the target's own (a given one, or the fallback)
         info = result.target.info
         result = replace(result, target=replace(result.target, info=replace(info, vocab=replace(info.vocab, chat_template=template))))
     if args.json:
@@ -216,6 +220,8 @@ def cmd_check(args: argparse.Namespace) -> int:
         note = (summary(result.target)["chat_format"] or {}).get("note")
         if note:
             out.print(f"[yellow]chat format:[/] {note}", soft_wrap=True)  # one line, however narrow the terminal
+        if fallback:
+            out.print(f"[yellow]chat template:[/] {FALLBACK_NOTE}", soft_wrap=True)
         if vision is not None:
             out.print(f"[green]vision projector fits[/]: {vision['summary']}" if vision["fits"]
                       else f"[red]vision projector does not fit:[/] {vision['reason']}", soft_wrap=True)

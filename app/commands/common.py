@@ -139,13 +139,16 @@ def template_file(args: argparse.Namespace) -> Path | None:
     return serve_settings(args, check=False).chat_template_file
 
 
-def chat_template(asked: Path | None, sel) -> str | None:
+def chat_template(asked: Path | None, sel, target=None) -> str | None:
     """The chat template in place of the target's own: --chat-template-file (or `chat_template_file` in
-    the config), else the preset's; read and proved to compile now. None: the target's own."""
+    the config), else the preset's; read and proved to compile now. Else, for a target with no template
+    of its own (`target`: its ModelInfo), ChatML (app/chat/fallback.py). None: the target's own."""
+    from app.chat.fallback import served_template
     from app.chat.template import read_template
 
     path = asked or getattr(sel, "chat_template_file", None)
-    return read_template(path) if path is not None else None
+    given = read_template(path) if path is not None else None
+    return given if target is None else served_template(given, target.vocab.chat_template)
 
 
 def serve_settings(args: argparse.Namespace, check: bool = True, use_config: bool = True) -> ServeSettings:

@@ -208,6 +208,17 @@ def check_pair(target: ModelInfo, draft: ModelInfo | None, head: DrafterKind | N
     return Check("pair", "ok", "the draft can serve the target (llama.cpp's rules, from the headers)")
 
 
+def check_template(target: ModelInfo, given: Path | None) -> Check:
+    """The chat template chat requests go through: the one given, the model's own, or the fallback."""
+    from app.chat.fallback import NOTE
+
+    if given is not None:
+        return Check("chat template", "ok", f"{given} (in place of the model's own)")
+    if target.vocab.chat_template:
+        return Check("chat template", "ok", "the model's own")
+    return Check("chat template", "warn", NOTE, "--chat-template-file FILE to chat in the model's own format")
+
+
 def check_plan(make: Callable[[], Plan], wanted: int | None) -> Check:
     """The plan on the memory free now; when the wanted context does not fit, the largest that does."""
     from app.plan.planner import PlanError
@@ -340,6 +351,7 @@ class Subject:
     config: Path
     config_given: bool
     plan_request: object  # planner.PlanRequest
+    template_file: Path | None = None  # --chat-template-file (or the config's)
 
 
 def machine_checks(subject: Subject, hw: Hardware, port: bool = True, smoke: bool = True) -> list[Check]:
@@ -402,6 +414,7 @@ def model_checks(subject: Subject, hw: Hardware) -> list[Check]:
         return checks + [Check("plan", "warn", f"cannot read the headers to plan: {e.message}", e.hint), check_ram(hw, None)]
     head = head_of(sel)
     checks.append(check_pair(infos["target"], infos.get("draft"), head))
+    checks.append(check_template(infos["target"], subject.template_file or getattr(sel, "chat_template_file", None)))
     plan = check_plan(lambda: make_plan(infos["target"], infos.get("draft"), subject.plan_request, hw, sel.context,
                                         head=head.rows if head else None),
                       subject.plan_request.ctx or sel.context)
@@ -444,7 +457,7 @@ def doctor_subject(req: StartRequest, fetcher: Fetcher) -> Subject:
     settings = req.settings
     return Subject(selection_of(req.chosen, catalog_of(req.chosen.models)), fetcher, settings.host, settings.port,
                    bool(settings.api_key or settings.api_key_file), settings.api_key_file, req.config, req.config_given,
-                   req.plan_request())
+                   req.plan_request(), settings.chat_template_file)
 
 
 def doctor_subjects(req: StartRequest, fetcher: Fetcher) -> list[tuple[str, Subject]]:
@@ -454,7 +467,7 @@ def doctor_subjects(req: StartRequest, fetcher: Fetcher) -> list[tuple[str, Subj
     settings = req.settings
     return [(named.name, Subject(selection_of(named.chosen, catalog_of(named.chosen.models)), fetcher, settings.host,
                                  settings.port, bool(settings.api_key or settings.api_key_file), settings.api_key_file,
-                                 req.config, req.config_given, req.model_plan_request(named)))
+                                 req.config, req.config_given, req.model_plan_request(named), settings.chat_template_file))
             for named in served(req)] if req.models else []
 
 

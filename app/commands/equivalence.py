@@ -371,7 +371,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     hw = detect()
     req = plan_request_of(ctx=args.ctx, ctx_is_user_choice=True, parallel=1, draft_max=args.draft_max)
     plan = make_plan(target, draft, req, hw, args.ctx, head=rows_of(sel), projector=vision)
-    loaded = load(plan, target, draft, hw.cpu_count, chat_template=chat_template(template_file(args), sel), head=head_of(sel),
+    loaded = load(plan, target, draft, hw.cpu_count, chat_template=chat_template(template_file(args), sel, target), head=head_of(sel),
                   mmproj=vision.path if vision is not None else None)
     report = EquivalenceReport()
     try:

@@ -79,7 +79,7 @@ def model_start(sel: Selection, files: dict[str, Path], req: StartRequest, hw: H
     asked = req.model_plan_request(named, draft_max=settings.draft_max)
     head = head_of(sel, settings.speculative)
     plan = make_plan(target, draft, asked, hw, sel.context, embedder, head=head.rows if head else None, projector=vision)
-    return ModelStart(named.name or sel.name, plan, target, draft, embedder, chat_template(settings.chat_template_file, sel),
+    return ModelStart(named.name or sel.name, plan, target, draft, embedder, chat_template(settings.chat_template_file, sel, target),
                       files.get("mmproj"), tuple(named.aliases),
                       named.unload_after if named.unload_after is not None else settings.unload_after, head)
 

@@ -212,7 +212,7 @@ class Answer:
     def __init__(self, service: Service, job: Job, stops: list[str], chat: ChatStream | None = None,
                  every_step: bool = False) -> None:
         self.job = job
-        self.text = TextStream(service.piece, stops)
+        self.text = TextStream(service.piece, stops + list(chat.spec.stops) if chat is not None else stops)
         self.chat = chat
         self.every_step = every_step
         self.step_tokens: list[int] = []  # the last step's tokens

@@ -32,7 +32,6 @@ from app.server.conversation import ToolChoice as Choice
 from app.server.core import (
     STREAM_HEADERS,
     Service,
-    check_model,
     require_ready,
     stopping_error,
     submit,
@@ -96,7 +95,6 @@ def add_anthropic_routes(app: FastAPI, settings: ServeSettings, service: Service
     async def messages(body: MessagesRequest, request: Request):
         require_ready(service)
         sampling = _sampling(body, service.n_ctx)
-        check_model(sampling, service, settings)
         chat = to_chat(body, sampling)
         schema_grammar = _output_grammar(body)
         if schema_grammar is not None and chat.tool_choice.mode in ("required", "named") and chat.tools:

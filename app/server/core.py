@@ -54,18 +54,6 @@ def require_ready(service: Service) -> None:
         raise ApiError(503, "the models are still loading", "server_error", headers={"Retry-After": "5"})
 
 
-def served_names(service: Service, settings: ServeSettings) -> set[str]:
-    return {service.model_id, "specdeck", *service.models, *settings.model_aliases}
-
-
-def check_model(body: Sampling, service: Service, settings: ServeSettings) -> None:
-    """A request naming another model is served by this one (as llama-server does: agents send their
-    own default names), unless --strict-model; answers always name the served model."""
-    if settings.strict_model and body.model and body.model not in served_names(service, settings):
-        raise ApiError(404, f"model '{body.model}' is not served here (served: {service.model_id})", "not_found_error",
-                       "model", code="model_not_found")
-
-
 def check_vocab(ids: list[int], n_vocab: int, param: str) -> None:
     """Token ids a client sent must be in the vocabulary (400 naming the first that is not)."""
     bad = next((t for t in ids if not 0 <= t < n_vocab), None)
@@ -188,7 +176,7 @@ def submit(service: Service, settings: ServeSettings, metrics: Metrics, body: Sa
     """Queue a request: its prompt's ids, and the images whose media ids it holds (by key)."""
     req = engine_request(body, ids, service, settings, grammar, triggers, pictures)
     if quiet is None:  # a whole answer with no stop string to watch: no per-step events
-        quiet = not body.stream and not body.stops()
+        quiet = not body.stream and not body.stops() and not service.chat.stops
     usage = current_usage.get()
     arrived = usage.arrived if usage is not None else time.monotonic()  # a wait for the model to load counts
     job = Job(req, asyncio.get_running_loop(), arrived + settings.request_timeout, quiet=quiet,

@@ -31,6 +31,7 @@ log = logging.getLogger("specdeck.server")
 # the plan terms every model's plan counts, but which the machine holds once (app/plan/rows.py's names)
 SHARED_TERMS = ("runtime reserve", "safety margin")
 FOREVER = None  # a keep-alive that never runs out
+SERVER_NAMES = ("specdeck", "specdeck:latest")  # the server's own name: the default model, on every API
 
 
 @dataclass
@@ -94,8 +95,10 @@ class Fleet:
     engine (raises on failure), `unload(member)` stops and frees it; both run on threads of their own."""
 
     def __init__(self, members: list[Member], budget: int, models_max: int | None, default: str | None,
-                 load: Callable[[Member, threading.Event], None], unload: Callable[[Member], None]) -> None:
+                 load: Callable[[Member, threading.Event], None], unload: Callable[[Member], None],
+                 strict: bool = False) -> None:
         self.members = {m.name: m for m in members}
+        self.strict = strict  # --strict-model: only served names and aliases reach a model
         self.budget = budget
         self.models_max = models_max
         self.default = default
@@ -111,16 +114,25 @@ class Fleet:
     def names(self) -> list[str]:
         return list(self.members)
 
-    def find(self, name: str | None) -> Member | None:
-        """The model a request names (its name, an alias, or Ollama's NAME:latest); a request that
-        names none goes to the default model, else the first. None: no such model (and no default)."""
-        if not name:
-            return self.members[self.default or next(iter(self.members))]
+    def named(self, name: str) -> Member | None:
+        """The model `name` names: its name or an alias, with or without Ollama's `:latest` tag."""
         bare = name[:-len(":latest")] if name.endswith(":latest") else name
         for m in self.members.values():
             if bare == m.name or name in m.start.aliases or bare in m.start.aliases:
                 return m
-        return self.members[self.default] if self.default else None
+        return None
+
+    def find(self, name: str | None) -> Member | None:
+        """The one rule for model names, on every API. A request naming no model, or the server's own
+        name (`specdeck`), reaches the default model (else the first); a served name or alias reaches
+        its model; any other name reaches the default model too (agents and editors send the name
+        they remember), except with --strict-model, or several models and no --default-model: then
+        None, which the front answers with the 404 `model_not_found` listing the served names."""
+        if not name or name in SERVER_NAMES:
+            return self.first
+        if (m := self.named(name)) is not None:
+            return m
+        return None if self.strict or (len(self.members) > 1 and self.default is None) else self.first
 
     def shown(self) -> Member:
         """The model a status without a name shows: the default (else the first) if loaded, else the

@@ -25,6 +25,8 @@ from prometheus_client.core import Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from app import __version__
+from app.chat.fallback import FALLBACK
+from app.chat.fallback import NOTE as FALLBACK_NOTE
 from app.server.access import SELF_HEADER, SourceAllowlist
 from app.server.answer import SSE_KEEP_ALIVE
 from app.server.app import add_error_handlers
@@ -133,9 +135,12 @@ def create_front(settings: ServeSettings, fleet: Fleet) -> FastAPI:
         data, catalogue = [], []
         for m, v in zip(fleet.members.values(), fleet.view(), strict=True):
             n_ctx = m.start.plan.ctx
+            meta = {"n_ctx": n_ctx, "chat_template": m.start.template_origin}
+            if meta["chat_template"] == FALLBACK:
+                meta["note"] = FALLBACK_NOTE
             for n in [m.name, *m.start.aliases]:
                 data.append({"id": n, "object": "model", "created": 0, "owned_by": "specdeck",
-                             "status": {"value": v["state"]}, "meta": {"n_ctx": n_ctx}})
+                             "status": {"value": v["state"]}, "meta": meta})
                 catalogue.append({"slug": n, "display_name": n, "context_window": n_ctx})
         return {"object": "list", "data": data, "models": catalogue}
 
@@ -150,7 +155,7 @@ def create_front(settings: ServeSettings, fleet: Fleet) -> FastAPI:
         dashboard polls it)."""
         m = fleet.find(model) if model else fleet.shown()
         if m is None:
-            raise ApiError(404, f"model '{model}' is not served here", "not_found_error", "model", code="model_not_found")
+            raise unknown_model(model, fleet.names())
         if not m.service.ready:
             raise ApiError(503, f"model {m.name} is not loaded ({m.label})", "server_error",
                            headers={"Retry-After": "5"}, extra={"fleet": fleet.view()})
@@ -196,6 +201,13 @@ def create_front(settings: ServeSettings, fleet: Fleet) -> FastAPI:
     return app
 
 
+def unknown_model(name: str, names: list[str]) -> ApiError:
+    """The 404 for a name the fleet's rule (Fleet.find) reaches no model with: OpenAI's code
+    `model_not_found` and the served names (each API's envelope is made from it by `shaped`)."""
+    return ApiError(404, f"model '{name}' is not served here (served: {', '.join(names)})", "not_found_error", "model",
+                    code="model_not_found", extra={"models": names})
+
+
 def fleet_capacity(fleet: Fleet) -> dict:
     """capacity() of the loaded models, summed; with several models, each one's state too."""
     rooms = [capacity(m.service) for m in fleet.members.values() if m.service.ready]
@@ -220,9 +232,7 @@ class Dispatch:
         name = requested_model(scope, body)
         m = self.fleet.find(name)
         if m is None:
-            names = ", ".join(self.fleet.names())
-            raise ApiError(404, f"model '{name}' is not served here (served: {names})", "not_found_error", "model",
-                           code="model_not_found", extra={"models": self.fleet.names()})
+            raise unknown_model(name, self.fleet.names())
         scope.setdefault("state", {})["model"] = m.name
         path = scope.get("path", "")
         keep = keep_alive_of(path, body)

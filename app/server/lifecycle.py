@@ -6,8 +6,12 @@ from __future__ import annotations
 
 import logging
 import threading
+from dataclasses import replace
 
 from app.chat.detect import detect
+from app.chat.fallback import CHATML, FALLBACK
+from app.chat.fallback import STOPS as FALLBACK_STOPS
+from app.chat.fallback import NOTE as FALLBACK_NOTE
 from app.chat.spec import ChatSpec
 from app.engine.embed import Embedder
 from app.engine.loader import Loaded, load
@@ -30,6 +34,8 @@ def open_service(m: ModelStart, settings: ServeSettings, start: Start) -> tuple[
                               "draft": str(m.draft.path) if m.draft else m.head.name if m.head else None},
                       details=model_details(m.target), revision=start.revision, machine=start.machine,
                       digests=model_digests(start.digests, m.name), fallback=start.fallback)
+    if m.template_origin == FALLBACK:
+        log.warning("specdeck: %s: %s", m.name, FALLBACK_NOTE)
     return service, create_app(model_settings(settings, m), service)
 
 
@@ -93,6 +99,8 @@ def chat_spec(tok, reasoning_format: str) -> ChatSpec:
     if not tok.chat_template:
         return ChatSpec()
     spec = detect(tok.chat_template, lambda m, t, g: tok.render_chat(m, t, generation_prompt=g))
+    if tok.chat_template == CHATML:
+        spec = replace(spec, stops=FALLBACK_STOPS)
     if reasoning_format == "none":
         spec = spec.without_reasoning()
     log.warning("specdeck: chat format %s", spec.name)

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from app.chat.fallback import origin
 from app.gguf.info import ModelInfo
 from app.drafting.kind import DrafterKind
 from app.ops.alerts import AlertSettings
@@ -30,6 +31,11 @@ class ModelStart:
     aliases: tuple[str, ...] = ()  # other names requests may give it
     unload_after: float | None = None  # seconds idle before it unloads (None: kept loaded)
     head: DrafterKind | None = None  # the drafter on the target's own model the plan has rows for (its MTP head)
+
+    @property
+    def template_origin(self) -> str:
+        """Where its chat template comes from: "model", "file" or the fallback's name (app/chat/fallback.py)."""
+        return origin(self.chat_template, self.target.vocab.chat_template if self.target is not None else None)
 
 
 @dataclass(frozen=True)

@@ -113,7 +113,6 @@ class ShowRequest(StrictBody):
 def add_ollama_routes(app: FastAPI, settings: ServeSettings, service: Service, metrics: Metrics) -> None:
     @app.post("/api/show")
     async def show(body: ShowRequest):
-        _check_name(body.model or body.name or "", service, settings)
         d = service.details
         arch = d.get("architecture", "")
         caps = ["completion"] + (["vision"] if service.vision is not None else [])
@@ -123,7 +122,7 @@ def add_ollama_routes(app: FastAPI, settings: ServeSettings, service: Service, m
             caps.append("insert")
         return {"modelfile": "", "parameters": "", "template": d.get("chat_template") or "",
                 "details": _details(service), "capabilities": caps,
-                "model_info": {"general.architecture": arch, "general.parameter_count": d.get("n_params"),
+                "model_info": {"general.name": service.model_id, "general.architecture": arch, "general.parameter_count": d.get("n_params"),
                                f"{arch}.context_length": d.get("context_length"),
                                f"{arch}.block_count": d.get("n_layers"), f"{arch}.embedding_length": d.get("n_embd"),
                                f"{arch}.attention.head_count": d.get("n_head")},
@@ -131,10 +130,9 @@ def add_ollama_routes(app: FastAPI, settings: ServeSettings, service: Service, m
 
     @app.post("/api/generate")
     async def generate(body: GenerateRequest, request: Request):
-        _check_name(body.model, service, settings)
         if not body.prompt and body.suffix is None and not body.images:  # Ollama: an empty prompt only loads the model
             require_ready(service)
-            return {"model": body.model, "created_at": _now(), "response": "", "done": True, "done_reason": "load"}
+            return {"model": service.model_id, "created_at": _now(), "response": "", "done": True, "done_reason": "load"}
         require_ready(service)
         sampling = _sampling(body.options, body.stream, body.logprobs, body.top_logprobs)
         ids, chat, pics = await _generate_tokens(service, settings, body, sampling)
@@ -143,11 +141,11 @@ def add_ollama_routes(app: FastAPI, settings: ServeSettings, service: Service, m
         answer = Answer(service, job, sampling.stops(), chat)
 
         def final(f: Final) -> dict:
-            return {"model": body.model, "created_at": _now(), "response": "", "done": True, "done_reason": _done_reason(f),
+            return {"model": service.model_id, "created_at": _now(), "response": "", "done": True, "done_reason": _done_reason(f),
                     "context": text_only(ids) + f.record.completion, **_durations(f.record)}
 
         def chunk(kind: str, value) -> dict:
-            out = {"model": body.model, "created_at": _now(), "response": value if kind == "content" else "", "done": False}
+            out = {"model": service.model_id, "created_at": _now(), "response": value if kind == "content" else "", "done": False}
             if kind == "thinking":
                 out["thinking"] = value
             return out
@@ -165,14 +163,13 @@ def add_ollama_routes(app: FastAPI, settings: ServeSettings, service: Service, m
 
     @app.post("/api/chat")
     async def chat(body: ChatRequest, request: Request):
-        _check_name(body.model, service, settings)
         if not body.messages:  # Ollama: no messages only loads the model
             require_ready(service)
-            return {"model": body.model, "created_at": _now(), "message": {"role": "assistant", "content": ""},
+            return {"model": service.model_id, "created_at": _now(), "message": {"role": "assistant", "content": ""},
                     "done": True, "done_reason": "load"}
         require_ready(service)
         if body.tools and not service.supports_tools:
-            raise ApiError(400, f"{body.model} does not support tools")
+            raise ApiError(400, f"{service.model_id} does not support tools")
         sampling = _sampling(body.options, body.stream, body.logprobs, body.top_logprobs)
         prompt = await chat_prompt(service, settings, Chat(
             [_message(m, f"messages.{i}") for i, m in enumerate(body.messages)], sampling,
@@ -183,7 +180,7 @@ def add_ollama_routes(app: FastAPI, settings: ServeSettings, service: Service, m
         answer = Answer(service, job, sampling.stops(), prompt.stream(service))
 
         def final(f: Final) -> dict:
-            return {"model": body.model, "created_at": _now(), "message": {"role": "assistant", "content": ""},
+            return {"model": service.model_id, "created_at": _now(), "message": {"role": "assistant", "content": ""},
                     "done": True, "done_reason": _done_reason(f), **_durations(f.record)}
 
         def chunk(kind: str, value) -> dict:
@@ -192,7 +189,7 @@ def add_ollama_routes(app: FastAPI, settings: ServeSettings, service: Service, m
                 message["thinking"] = value
             elif kind == "call":
                 message["tool_calls"] = [_ollama_call(value)]
-            return {"model": body.model, "created_at": _now(), "message": message, "done": False}
+            return {"model": service.model_id, "created_at": _now(), "message": message, "done": False}
 
         if body.stream:
             return _ndjson(_stream(request, answer, chunk, final, service.tokenizer if body.logprobs else None))
@@ -216,16 +213,6 @@ def _now() -> str:
 
 def _iso(ts: float) -> str:
     return datetime.fromtimestamp(ts, timezone.utc).isoformat().replace("+00:00", "Z")
-
-
-def _names(service: Service, settings: ServeSettings) -> set[str]:
-    names = {service.model_id, "specdeck", *settings.model_aliases}
-    return names | {f"{n}:latest" for n in names}
-
-
-def _check_name(name: str, service: Service, settings: ServeSettings) -> None:
-    if name not in _names(service, settings):
-        raise ApiError(404, f"model '{name}' not found (served: {service.model_id})")
 
 
 def _params_label(n: int | None) -> str:

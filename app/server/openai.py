@@ -23,7 +23,6 @@ from app.server.core import (
     STREAM_HEADERS,
     Progress,
     Service,
-    check_model,
     check_vocab,
     fim_tokens,
     prompt_progress,
@@ -48,7 +47,6 @@ def add_openai_routes(app: FastAPI, settings: ServeSettings, service: Service, m
     @app.post("/v1/chat/completions")
     async def chat(body: ChatRequest, request: Request):
         require_ready(service)
-        check_model(body, service, settings)
         _check_budget(body)
         prompt = await chat_prompt(service, settings, to_chat(body))
         other = _grammar(body, service)
@@ -69,7 +67,6 @@ def add_openai_routes(app: FastAPI, settings: ServeSettings, service: Service, m
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
         require_ready(service)
-        check_model(body, service, settings)
         _check_budget(body)
         ids = _completion_tokens(service.tokenizer, body)
         prompt = _prompt_text(service.tokenizer, body, ids)

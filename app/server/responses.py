@@ -30,7 +30,6 @@ from app.server.answer import Answer, Failure, Final, Idle, chat_prompt, delta_e
 from app.server.core import (
     STREAM_HEADERS,
     Service,
-    check_model,
     prompt_progress,
     require_ready,
     submit,
@@ -86,7 +85,6 @@ def add_responses_routes(app: FastAPI, settings: ServeSettings, service: Service
                                 "(previous_response_id is not supported)", param="previous_response_id")
         sampling = Sampling(model=body.model, max_tokens=body.max_output_tokens, top_p=body.top_p, stream=body.stream,
                             return_progress=body.return_progress, **{k: body.temperature for k in ("temperature",) if k in body.model_fields_set})
-        check_model(sampling, service, settings)
         chat = to_chat(body, sampling)
         text_grammar = _text_grammar(body, service)
         if text_grammar is not None and chat.tool_choice.mode in ("required", "named") and chat.tools:

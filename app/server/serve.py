@@ -35,7 +35,7 @@ def open_fleet(models: list[ModelStart] | tuple[ModelStart, ...], settings: Serv
     members = [Member(m, *open_service(m, settings, start)) for m in models]
     fleet = Fleet(members, fleet_budget(models), settings.models_max, default_model(settings, models),
                   load=lambda member, cancel: load_member(member, settings, threads, start, cancel),
-                  unload=unload_member)
+                  unload=unload_member, strict=settings.strict_model)
     front = create_front(settings, fleet)
     reload_keys_on_hangup(front.state.keys)
     return fleet, front
