@@ -7,7 +7,7 @@
 #                              a CPU that advertises AMX it cannot run (asked first: app/build/amx.py)
 #                              builds without AMX; one that dies by a signal (SIGILL) is rebuilt
 #                              without AMX, then as a portable AVX2 build (see app/build/ladder.py)
-#   bash install.sh --test     also install the test extras, and Debian's promtool and nginx for the tests
+#   bash install.sh --test     also install the test extras, Debian's promtool and nginx, and Chromium (as root) for the tests
 #   options: --cpu | --cuda    force the llama-cpp-python build
 #            --rebuild         forget cached wheels and remembered failures for this CPU
 #            --venv DIR        where the environment goes (default: .venv next to this script)
@@ -215,6 +215,12 @@ if [ -n "$EXTRAS" ]; then
     say "chat templates: $TEMPLATES"
   else
     printf '  warning: %s\n' "no chat templates (see the line above): the chat-format tests fetch them when they run"
+  fi
+  STEP="install Chromium (the page's browser tests drive it with Playwright)"
+  if CHROMIUM="$(bash "$HERE/scripts/chromium.sh")"; then
+    say "chromium: $CHROMIUM ($("$CHROMIUM" --version 2>/dev/null | sed -n 1p))"
+  else
+    printf '  warning: %s\n' "no chromium (see the line above): the browser tests skip (and fail under CI=true)"
   fi
   for tool in promtool nginx; do  # Debian's, for tests/test_prometheus_rules.py and tests/test_nginx.py
     STEP="fetch $tool (the tests run the real one)"

@@ -20,7 +20,8 @@ ALLOWED = {
     "ops": {"errors", "settings", "units"},
     "chat": {"errors"},
     "drafting": {"errors", "gguf", "plan", "llama", "engine", "units"},  # each drafter kind's parts, declared once
-    "server": {"errors", "gguf", "plan", "llama", "engine", "models", "units", "settings", "ops", "chat", "drafting"},
+    "server": {"errors", "gguf", "plan", "llama", "engine", "models", "units", "settings", "ops", "chat", "drafting", "ui"},
+    "ui": {"errors", "settings"},  # the page: a client of the server's routes (in-process), never of its code
 }
 
 

@@ -37,6 +37,9 @@ def test_wheel_holds_every_module_and_the_bundled_catalogue(wheel):
     assert modules and modules <= names, sorted(modules - names)
     assert "app/models/models.toml" in names  # the top-level models.toml, carried as package data
     assert zipfile.ZipFile(wheel).read("app/models/models.toml") == (ROOT / "models.toml").read_bytes()
+    # the chat page and everything it loads (no Node, no CDN)
+    static = {str(p.relative_to(ROOT)) for p in (ROOT / "app" / "ui" / "static").rglob("*") if p.is_file()}
+    assert static and static <= names, static - names
     assert {"app/engine/engine.py", "app/server/app.py", "app/build/ladder.py"} <= names
 
 

@@ -49,6 +49,7 @@ class RequestRecord:
     ttft: float = 0.0
     finish_reason: str | None = None
     logprobs: list = field(default_factory=list)  # TokenLogprob per completion token, when asked
+    drafters: dict[str, int] = field(default_factory=dict)  # tokens drafted, by the drafter that drafted them
 
     def add(self, step: StepRecord) -> None:
         self.completion += step.tokens
@@ -56,6 +57,8 @@ class RequestRecord:
             self.logprobs += step.logprobs
         self.drafted += step.drafted
         self.accepted += step.accepted
+        if step.drafted:
+            self.drafters[step.drafter] = self.drafters.get(step.drafter, 0) + step.drafted
         self.target_decodes += 1
         self.t_draft += step.t_draft
         self.t_verify += step.t_verify

@@ -216,6 +216,8 @@ class Answer:
         self.chat = chat
         self.every_step = every_step
         self.step_tokens: list[int] = []  # the last step's tokens
+        self.so_far = RequestRecord(prompt_tokens=0)  # the steps streamed so far (live figures)
+        self.t_first: float | None = None  # when the first step came
         self._logprobs: list = []  # log-probabilities of tokens whose text has not gone out
         self._raw: list[str] = []
 
@@ -262,6 +264,8 @@ class Answer:
             elif isinstance(event, StepRecord):
                 self._logprobs += event.logprobs or []
                 self.step_tokens = event.tokens
+                self.so_far.add(event)
+                self.t_first = self.t_first or time.monotonic()
                 piece = self.text.push(event.tokens)
                 if self.text.stopped:
                     self.job.cancel()
@@ -281,6 +285,14 @@ class Answer:
                     yield d
                 yield final
                 return
+
+    def live_timings(self) -> dict:
+        """llama-server's `timings_per_token`: the answer's figures so far (generation speed after
+        the first token, drafted and accepted tokens, tokens per target decode)."""
+        r, ms = self.so_far, (time.monotonic() - self.t_first) * 1e3 if self.t_first else 0.0
+        n = len(r.completion)
+        return {"predicted_n": n, "predicted_ms": ms, "predicted_per_second": (n - len(r.completion[:1])) / ms * 1e3 if ms > 0 else None,
+                "draft_n": r.drafted, "draft_n_accepted": r.accepted, "tokens_per_step": r.tokens_per_decode}
 
     async def whole(self, request: Request) -> Final:
         """The whole answer; a failure is raised as its API error, a stop as 503, a client gone as 499."""

@@ -145,7 +145,7 @@ def timings(rec: RequestRecord) -> dict:
         "prompt_ms": rec.t_prompt * 1e3, "prompt_per_second": rec.prompt_tps,
         "predicted_n": gen, "predicted_ms": rec.t_generate * 1e3, "predicted_per_second": rec.generation_tps,
         "ttft_ms": rec.ttft * 1e3, "draft_n": rec.drafted, "draft_n_accepted": rec.accepted,
-        "acceptance": rec.acceptance, "tokens_per_step": rec.tokens_per_decode,
+        "acceptance": rec.acceptance, "tokens_per_step": rec.tokens_per_decode, "drafters": rec.drafters,
     }
 
 

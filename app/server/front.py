@@ -16,7 +16,7 @@ import secrets
 import time
 from datetime import datetime, timezone
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 from fastapi.openapi.utils import get_openapi
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, PlainTextResponse
@@ -38,6 +38,8 @@ from app.server.keys import KeyGate, KeyStore, Windows
 from app.server.limits import BodyLimit
 from app.server.ollama import API_VERSION, model_entry
 from app.server.settings import ServeSettings
+from app.ui.routes import mount as mount_ui
+from app.ui.routes import page, wants_page
 
 log = logging.getLogger("specdeck.server")
 
@@ -112,9 +114,15 @@ def create_front(settings: ServeSettings, fleet: Fleet) -> FastAPI:
     add_error_handlers(app, lambda request: metrics_of(fleet, request.scope.get("state") or {}))
 
     @app.api_route("/", methods=["GET", "HEAD"], include_in_schema=False)
-    async def running():
-        """A reachability probe (Claude Code sends HEAD /): 200, as llama-server and Ollama answer it."""
+    async def running(request: Request):
+        """A reachability probe (Claude Code sends HEAD /): 200, as llama-server and Ollama answer it;
+        a browser gets the chat page (unless --no-ui)."""
+        if settings.ui and wants_page(request):
+            return page()
         return PlainTextResponse("specdeck is running")
+
+    if settings.ui:
+        mount_ui(app)
 
     @app.get("/health")
     async def health(fail_on_no_slot: bool = False):
@@ -135,7 +143,7 @@ def create_front(settings: ServeSettings, fleet: Fleet) -> FastAPI:
         data, catalogue = [], []
         for m, v in zip(fleet.members.values(), fleet.view(), strict=True):
             n_ctx = m.start.plan.ctx
-            meta = {"n_ctx": n_ctx, "chat_template": m.start.template_origin}
+            meta = {"n_ctx": n_ctx, "chat_template": m.start.template_origin, "vision": m.start.mmproj is not None}
             if meta["chat_template"] == FALLBACK:
                 meta["note"] = FALLBACK_NOTE
             for n in [m.name, *m.start.aliases]:

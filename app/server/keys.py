@@ -44,7 +44,9 @@ WINDOW = 60.0  # seconds: limits are per minute
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@-]{0,63}")
 LIMITS = ("requests_per_minute", "generated_tokens_per_minute")
 SELF_NAME = "specdeck"  # the server's own smoke request and watchdog check
-OPEN_PATHS = ("/health", "/")  # answered without a key (balancers and probes; `/` says only that it runs)
+OPEN_PATHS = ("/health", "/", "/ui")  # answered without a key (balancers and probes; `/` says only that it runs,
+# or is the chat page, which asks for a key before it calls the API)
+OPEN_PREFIXES = ("/ui/static/",)  # the page's own files
 
 
 @dataclass(frozen=True)
@@ -229,7 +231,8 @@ class KeyGate:
             state["key_name"] = SELF_NAME
             return await self.app(scope, receive, send)
         ring = self.store.ring  # one read: a reload mid-request does not change this request's answer
-        if not ring or scope.get("path") in OPEN_PATHS or scope.get("method") == "OPTIONS":
+        path = scope.get("path") or ""
+        if not ring or path in OPEN_PATHS or path.startswith(OPEN_PREFIXES) or scope.get("method") == "OPTIONS":
             return await self.app(scope, receive, send)
         key = ring.match(bearer(headers))
         if key is None:

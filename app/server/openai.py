@@ -269,6 +269,9 @@ async def _stream(request: Request, answer: Answer, kind: str, head: dict, servi
             c = {"index": 0, "text": delta or "", "finish_reason": finish, "logprobs": lps}
         return {**head, "choices": [c]}
 
+    def live(c: dict) -> dict:
+        return {**c, "timings": answer.live_timings()} if body.timings_per_token else c
+
     if echo:
         yield _sse({**head, "choices": [{"index": 0, "text": echo, "finish_reason": None, "logprobs": None}]})
     if kind == "chat":  # the role at once: a client sees its stream open before the prompt is read
@@ -280,9 +283,9 @@ async def _stream(request: Request, answer: Answer, kind: str, head: dict, servi
         elif isinstance(item, Progress):  # llama-server's return_progress
             yield _sse({**chunk({"role": "assistant", "content": None} if kind == "chat" else ""), **prompt_progress(item)})
         elif isinstance(item, TextDelta):
-            yield _sse(chunk({"content": item.text} if kind == "chat" else item.text))
+            yield _sse(live(chunk({"content": item.text} if kind == "chat" else item.text)))
         elif isinstance(item, ReasoningDelta):
-            yield _sse(chunk({"reasoning_content": item.text}))
+            yield _sse(live(chunk({"reasoning_content": item.text})))
         elif isinstance(item, CallEnd):
             call = _tool_calls([item.call])[0]
             yield _sse(chunk({"tool_calls": [{"index": calls, **call}]}))

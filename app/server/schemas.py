@@ -90,6 +90,8 @@ class Sampling(StrictBody):
     response_format: ResponseFormat | None = None
     grammar: str | None = Field(None, description="GBNF the output must follow (llama.cpp's extension)")
     ignore_eos: bool = Field(False, description="generate past end-of-generation tokens (llama.cpp's extension)")
+    timings_per_token: bool = Field(False, description="each streamed chunk carries the answer's figures so far "
+                                    "(llama-server's: tokens, speed, drafted and accepted)")
     return_progress: bool = Field(False, description="a streamed answer reports the prompt's evaluation as it goes "
                                   "(`prompt_progress`, llama.cpp's extension)")
 

@@ -50,6 +50,8 @@ class ServeSettings(BaseSettings):
                                              "table): a file that differs refuses the start, naming it")
     draft_max: DraftMax = None  # the plan's input (app/plan/planner.py: one definition)
     threads: int | None = Field(None, ge=1, le=1024, description="CPU threads (default: the physical cores)")
+    ui: bool = Field(True, description="serve the chat page to browsers at / and /ui (its conversations kept on the server)",
+                     json_schema_extra={"flag": "--no-ui", "negate": True, "help": "no chat page: / answers programs only"})
     speculative: bool = Field(True, description="speculation on by default (requests can turn it off)",
                               json_schema_extra={"flag": "--no-speculative", "negate": True, "help": "start with speculation off"})
     log_prompts: bool = Field(False, description="log request text (off: only counts and timings)")
