@@ -5,6 +5,7 @@ export and import, bad input. The page in a real browser is tests/test_ui_browse
 from __future__ import annotations
 
 import json
+import ssl
 import time
 
 import httpx
@@ -141,6 +142,12 @@ def test_a_turn_is_written_by_the_server_with_the_apis_own_figures(server):
     r = api(server, "POST", f"/ui/api/conversations/{cid}/turns", json={"at": 1, "speculative": False})
     again = settled(server, cid)["messages"]
     assert len(again) == 2 and again[1]["content"] == answer["content"] and again[1]["stats"]["draft_n"] == 0
+    # edit and resend: the user message replaced, the answer after it made again
+    api(server, "POST", f"/ui/api/conversations/{cid}/turns", json={"at": 0, "content": "x y z"})
+    edited = settled(server, cid)["messages"]
+    assert [m["content"] for m in edited][0] == "x y z" and len(edited) == 2 and edited[1]["state"] == "done"
+    api(server, "POST", f"/ui/api/conversations/{cid}/turns", json={"at": 0, "content": "a b c the def"})
+    settled(server, cid)
     api(server, "POST", f"/ui/api/conversations/{cid}/turns", json={"at": 1, "compare": True})
     compared = settled(server, cid)["messages"][1]["stats"]
     assert compared["compare"]["draft_n"] == 0 and compared["compare"]["same_text"] is True  # the tiny model: greedy both ways
@@ -276,3 +283,28 @@ def test_the_vendored_libraries_are_the_pinned_tarballs_files_with_their_licence
             assert hashlib.sha256((vendor / lib["name"] / name).read_bytes()).hexdigest() == digest, (lib["name"], name)
     on_disk = {str(p.relative_to(vendor)) for p in vendor.rglob("*") if p.is_file()} - {"vendor.json"}
     assert on_disk == {f"{lib['name']}/{n}" for lib in lock["libraries"] for n in lib["files"].values()}
+
+
+def test_the_page_and_its_turns_over_tls(pair, certificate, tmp_path):
+    """`serve --tls-cert`: the page, its API and a turn written through the server's own route."""
+    from support.live import Serve
+
+    cert, key = certificate
+    port = free_port()
+    s = Serve("--target", str(pair[0]), "--port", str(port), "--ctx", "256", "--tls-cert", str(cert), "--tls-key", str(key),
+              env={"SPECDECK_HOME": str(tmp_path)})
+    try:
+        assert s.wait_line("models loaded", stall=120), s.output
+        with httpx.Client(base_url=f"https://127.0.0.1:{port}", verify=ssl.create_default_context(cafile=str(cert)), timeout=60) as c:
+            page = c.get("/", headers=HTML)
+            assert page.status_code == 200 and "text/html" in page.headers["content-type"]
+            cid = c.post("/ui/api/conversations", json={"settings": {"max_tokens": 4}}).json()["id"]
+            assert c.post(f"/ui/api/conversations/{cid}/turns", json={"content": "a b"}).status_code == 200
+            for _ in range(200):
+                m = c.get(f"/ui/api/conversations/{cid}").json()["messages"][1]
+                if m["state"] != "streaming":
+                    break
+                time.sleep(0.1)
+            assert m["state"] == "done" and m["stats"]["predicted_n"] == 4, m
+    finally:
+        s.stop()

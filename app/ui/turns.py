@@ -38,12 +38,14 @@ class Run:
     finish: str | None = None
     error: str | None = None
     status: int = 0
+    model: str | None = None  # the model that answered, as the route names it
 
     def read(self, chunk: dict) -> None:
         if "error" in chunk and "choices" not in chunk:
             err = chunk["error"]
             self.error = err.get("message") if isinstance(err, dict) else str(err)
             return
+        self.model = chunk.get("model") or self.model
         self.timings = chunk.get("timings") or self.timings
         self.usage = chunk.get("usage") or self.usage
         self.progress = chunk.get("prompt_progress") or self.progress
@@ -59,7 +61,7 @@ class Run:
             self.finish = choice.get("finish_reason") or self.finish
 
     def stats(self) -> dict:
-        return {**self.timings, **({"usage": self.usage} if self.usage else {}),
+        return {**self.timings, **({"usage": self.usage} if self.usage else {}), **({"model": self.model} if self.model else {}),
                 **({"finish_reason": self.finish} if self.finish else {}),
                 **({"prompt_progress": self.progress} if self.progress and not self.timings.get("predicted_n") else {}),
                 **({"error": self.error} if self.error else {})}
@@ -110,8 +112,9 @@ class Turns:
             return
         while True:
             turn.changed.clear()
+            done = turn.done  # read before the snapshot: the last one yielded is then the final one
             yield turn.snapshot
-            if turn.done:
+            if done:
                 return
             await turn.changed.wait()
 
