@@ -216,6 +216,12 @@ if [ -n "$EXTRAS" ]; then
   else
     printf '  warning: %s\n' "no chat templates (see the line above): the chat-format tests fetch them when they run"
   fi
+  STEP="install the CRD schemas the Kubernetes tests validate against (npm, pinned by tests/support/crd/package-lock.json)"
+  if command -v npm >/dev/null 2>&1 && npm ci --silent --no-audit --no-fund --prefix "$HERE/tests/support/crd" >/dev/null 2>&1; then
+    say "CRD schemas: prometheus-operator and KEDA (kubernetes-models) in tests/support/crd"
+  else
+    printf '  warning: %s\n' "no CRD schemas (npm ci in tests/support/crd failed): their test skips (and fails under CI=true)"
+  fi
   STEP="install Chromium (the page's browser tests drive it with Playwright)"
   if CHROMIUM="$(bash "$HERE/scripts/chromium.sh")"; then
     say "chromium: $CHROMIUM ($("$CHROMIUM" --version 2>/dev/null | sed -n 1p))"

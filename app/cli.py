@@ -18,6 +18,7 @@ from app.commands.common import console
 from app.commands.dashboard import cmd_dash
 from app.commands.doctor import cmd_doctor
 from app.commands.equivalence import cmd_verify
+from app.commands.kube import cmd_kube
 from app.commands.plan import cmd_plan
 from app.commands.pull import cmd_models, cmd_pull
 from app.commands.revision import cmd_config_history, cmd_rollback, cmd_serve, cmd_up
@@ -107,6 +108,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the plan as one JSON object")
     p.add_argument("--offline", action="store_true", help="plan only from files on disk (never read a header from the hub)")
     p.set_defaults(func=cmd_plan)
+
+    p = sub.add_parser("kube", help="Kubernetes manifests for one replica per GPU, from the plan (as serve plans)")
+    _add_selection(p)
+    _add_serve_flags(p)
+    p.add_argument("--image", default=os.environ.get("SPECDECK_IMAGE"),
+                   help="the image by digest, REPOSITORY@sha256:DIGEST (default: $SPECDECK_IMAGE)")
+    p.add_argument("-o", "--output", metavar="DIR", help="write one file per object into DIR (default: print them)")
+    p.add_argument("--name", dest="object_name", default="specdeck", help="the objects' name (default specdeck)")
+    p.add_argument("--namespace", default="default", help="their namespace (default default)")
+    p.add_argument("--replicas", type=int, default=1, help="replicas, one GPU each (default 1)")
+    p.add_argument("--max-replicas", type=int, default=4, help="the autoscaler's ceiling (default 4)")
+    p.add_argument("--storage-class", help="the weights volume's storage class (default: the cluster's)")
+    p.add_argument("--prometheus", default="http://prometheus-operated.monitoring.svc:9090",
+                   help="the Prometheus KEDA asks for the queue gauge")
+    p.add_argument("--offline", action="store_true", help="plan only from files on disk (never read a header from the hub)")
+    p.add_argument("--litellm", nargs="+", metavar="URL", help="print LiteLLM's proxy config over these specdeck hosts instead")
+    p.add_argument("--litellm-model", default="specdeck", help="the model name LiteLLM routes (default specdeck)")
+    p.set_defaults(func=cmd_kube)
 
     p = sub.add_parser("doctor", help="the pre-deployment checklist: build, GPU, memory, disk, models, plan, port, key")
     _add_selection(p)

@@ -36,6 +36,11 @@ class Paths(BaseSettings):
         default=None,
         description="The model catalogue (models.toml). Default: the one shipped with specdeck.",
     )
+    state_dir: Path | None = Field(
+        default=None,
+        description="Where revisions, baselines and the chat page's conversations are written. Default: "
+                    "SPECDECK_HOME/state (apart, the home may be read-only: a Kubernetes weights volume).",
+    )
 
     @property
     def store(self) -> Path:
@@ -57,8 +62,8 @@ class Paths(BaseSettings):
 
     @property
     def state(self) -> Path:
-        """Configuration revisions and validation baselines."""
-        return self.home / "state"
+        """Configuration revisions, validation baselines and the chat page's conversations."""
+        return self.state_dir or self.home / "state"
 
     @property
     def log_dir(self) -> Path:

@@ -21,7 +21,8 @@ ALLOWED = {
     "chat": {"errors"},
     "drafting": {"errors", "gguf", "plan", "llama", "engine", "units"},  # each drafter kind's parts, declared once
     "server": {"errors", "gguf", "plan", "llama", "engine", "models", "units", "settings", "ops", "chat", "drafting", "ui"},
-    "ui": {"errors", "settings"},  # the page: a client of the server's routes (in-process), never of its code
+    "ui": {"errors", "settings"},
+    "kube": set(),  # manifests from plans handed over as plain data  # the page: a client of the server's routes (in-process), never of its code
 }
 
 

@@ -159,8 +159,9 @@ def test_an_answer_goes_on_without_its_page_and_stop_frees_the_slot(real_pair, t
     monkeypatch.setenv("SPECDECK_HOME", str(tmp_path))
     s = LiveServer(real_pair.target, real_pair.draft, ServeSettings(port=free_port()), parallel=1, ctx=2048)
     try:
-        cid = new(s, settings={"temperature": 0.8, "max_tokens": 1500})
-        mid = api(s, "POST", f"/ui/api/conversations/{cid}/turns", json={"content": "Tell me a very long story."}).json()["message"]
+        cid = new(s, settings={"temperature": 0, "max_tokens": 1500})
+        mid = api(s, "POST", f"/ui/api/conversations/{cid}/turns",
+                  json={"content": "Write the numbers from 1 to 1000 in words, one per line."}).json()["message"]
         # nobody follows it: the server writes it all the same, saved as it grows
         grew = wait_for(lambda: (m := api(s, "GET", f"/ui/api/conversations/{cid}").json()["messages"][1])["content"] and m,
                         timeout=120)

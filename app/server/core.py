@@ -246,6 +246,10 @@ def refresh_gauges(service: Service, metrics: Metrics) -> list:
     metrics.ram_used.set(psutil.Process().memory_info().rss)
     metrics.queue_limit.set(service.scheduler.max_queue)
     metrics.slots.set(len(service.scheduler.engine.slots))
+    used, cells = kv_cells(service)
+    metrics.kv_usage.set(used / cells if cells else 0.0)
+    metrics.cache_info.clear()
+    metrics.cache_info.labels("1", str(cells)).set(1)
     metrics.fallback.set(1 if service.fallback else 0)
     for s in service.scheduler.engine.slots:
         live = service.stats.slot(s.id)
@@ -274,6 +278,14 @@ def refresh_gauges(service: Service, metrics: Metrics) -> list:
     return list(gpus)
 
 
+def kv_cells(service: Service) -> tuple[int, int]:
+    """The KV cells held by the slots serving a request (a prompt being read holds its whole
+    length), and the context's cells. Idle slots' cached prompts do not count: they give way."""
+    eng = service.scheduler.engine
+    busy = set(service.scheduler.active) | set(service.scheduler.starting)
+    return sum(eng.cache.cells(s) for s in eng.slots if s.id in busy), eng.cache.target.n_ctx
+
+
 def capacity(service: Service) -> dict:
     """What a load balancer reads: ready or not, free slots, the queue and its limit."""
     if not service.ready:
@@ -297,6 +309,7 @@ def status_json(service: Service, metrics: Metrics) -> dict:
     return {
         "models": service.models, "plan": service.plan.to_json(), "slots": slots,
         "queue": service.scheduler.queue_depth(), "busy_slots": service.scheduler.busy_slots(),
+        "kv_cache": dict(zip(("used_cells", "cells"), kv_cells(service), strict=True)),
         "speculative_default": service.speculative_default,
         "draft_max": eng.draft_limit,
         "recent_tokens_per_second": recent_tps(service),

@@ -107,6 +107,7 @@ class Fleet:
         self.stopping = threading.Event()
         self.threads: list[threading.Thread] = []
         self.ready = False  # the start's own loads are done (health says loading until then)
+        self.draining = threading.Event()  # a stop was asked for: readiness says so while requests finish
         self._reaper = threading.Thread(target=self._reap, name="specdeck-unload", daemon=True)
 
     # -- which model ----------------------------------------------------------------------------
@@ -133,6 +134,10 @@ class Fleet:
         if (m := self.named(name)) is not None:
             return m
         return None if self.strict or (len(self.members) > 1 and self.default is None) else self.first
+
+    def in_flight(self) -> int:
+        """Requests in flight through the models (each counted from its model's claim to its release)."""
+        return sum(m.busy for m in self.members.values())
 
     def shown(self) -> Member:
         """The model a status without a name shows: the default (else the first) if loaded, else the

@@ -129,11 +129,29 @@ def create_front(settings: ServeSettings, fleet: Fleet) -> FastAPI:
         """200 once the start's models are loaded (503 before); with ?fail_on_no_slot=1 (llama-server's),
         503 while every slot of every loaded model is busy, so a balancer can steer away."""
         room = fleet_capacity(fleet)
+        if fleet.draining.is_set():
+            return JSONResponse({"status": "draining", **room}, 503)
         if not room["ready"]:
             return JSONResponse({"status": "loading", **room}, 503)
         if fail_on_no_slot and room["slots_free"] == 0:
             return JSONResponse({"status": "no slot available", **room}, 503)
         return {"status": "ok", **room}
+
+    @app.get("/health/live")
+    async def live():
+        """Kubernetes' liveness: the process answers (loading, busy or draining alike)."""
+        return {"status": "alive"}
+
+    @app.get("/health/ready")
+    async def ready():
+        """Kubernetes' readiness: the start's models loaded and the server not stopping. A busy
+        replica stays ready (`/health?fail_on_no_slot=1` is the balancer's signal for that); from a
+        SIGTERM on, 503 `draining` while the requests in flight finish."""
+        if fleet.draining.is_set():
+            return JSONResponse({"status": "draining", "in_flight": fleet.in_flight()}, 503)
+        if not fleet.ready:
+            return JSONResponse({"status": "loading"}, 503)
+        return {"status": "ready"}
 
     @app.get("/v1/models")
     @app.get("/models")

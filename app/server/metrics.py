@@ -29,6 +29,13 @@ class Metrics:
         self.ram_used = Gauge("specdeck_process_rss_bytes", "Resident memory of the server", registry=r)
         self.queue_limit = Gauge("specdeck_queue_limit", "Requests the queue holds before 429 (--max-queue)", registry=r)
         self.slots = Gauge("specdeck_slots", "Slots the server has (the plan's parallel)", registry=r)
+        # what inference-aware routers read (the Gateway API Inference Extension's model-server protocol)
+        self.kv_usage = Gauge("specdeck_kv_cache_usage_ratio",
+                              "KV-cache cells held by requests in flight over the context's cells (0-1)", registry=r)
+        self.cache_info = Gauge("specdeck_cache_config_info",
+                                "The KV cache's shape, in its labels, as vLLM's cache_config_info: block_size (tokens a "
+                                "block holds; llama.cpp keeps its cache per token: 1) and num_gpu_blocks (the context's cells)",
+                                ["block_size", "num_gpu_blocks"], registry=r)
         self.saved_bytes = Gauge("specdeck_prompt_cache_host_bytes",
                                  "Host memory held by prompt caches of taken slots (--cache-ram)", registry=r)
         self.cache_host_bytes = Gauge("specdeck_cache_host_bytes", "Host memory the bounded caches hold: saved "

@@ -96,35 +96,60 @@ GRACEFUL_LIMIT = 60
 
 
 class _Server(uvicorn.Server):
-    """uvicorn, and on a stop (SIGTERM / Ctrl-C, or `stop()` where no signal can reach it) the
-    generation in flight gets `shutdown_grace` seconds to finish, then the scheduler winds down
-    (queued requests 503, a prompt being evaluated stops at its next chunk, answers end at their next
-    step), so streams close and the process exits in seconds. `on_stop` is told at once."""
+    """uvicorn, with a drain. On SIGTERM (or Ctrl-C) the server first drains: readiness and /health
+    answer 503 `draining` at once while it goes on listening and serving, until no request is in
+    flight or `shutdown_grace` seconds have passed (Kubernetes takes the replica out of its endpoints
+    meanwhile). Then uvicorn stops accepting and what is still generating is wound down (queued
+    requests 503, a prompt being evaluated stops at its next chunk, answers end at their next step),
+    so the process exits within the grace. A second signal, or `stop()` (where no signal can reach
+    it), skips the drain. `on_stop` is told at once."""
 
     def __init__(self, config: uvicorn.Config, on_stop: Callable[[], None] | None = None) -> None:
         super().__init__(config)
         self.on_stop = on_stop
         self.stop_asked = False
+        self.drain_started = False
 
     def handle_exit(self, sig, frame) -> None:
+        if self.drain_started or self.stop_asked:
+            self._exit(sig, frame, 0.0)
+            return
+        self.drain_started = True
+        state = self.config.app.state
+        fleet, grace = state.fleet, state.settings.shutdown_grace
+        fleet.draining.set()
+        if self.on_stop is not None:
+            self.on_stop()
+        log.warning("specdeck: stopping: draining (%d request(s) in flight, up to %.0f s)", fleet.in_flight(), grace)
+
+        def drain() -> None:
+            deadline = time.monotonic() + grace
+            while fleet.in_flight() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            self._exit(sig, frame, max(0.0, deadline - time.monotonic()))
+
+        threading.Thread(target=drain, name="specdeck-drain", daemon=True).start()
+
+    def _exit(self, sig, frame, grace: float) -> None:
         super().handle_exit(sig, frame)
         # uvicorn re-raises the signal after its shutdown, which would skip our cleanup (and make Ctrl-C
         # exit 130): a stop asked for is a clean exit 0
         self._captured_signals.clear()
-        self._stopping()
+        self._stopping(grace)
 
     def stop(self) -> None:
         self.should_exit = True
-        self._stopping()
+        self._stopping(self.config.app.state.settings.shutdown_grace)
 
-    def _stopping(self) -> None:
+    def _stopping(self, grace: float) -> None:
         if self.stop_asked:
             return
         self.stop_asked = True
         if self.on_stop is not None:
             self.on_stop()
         state = self.config.app.state
-        timer = threading.Timer(state.settings.shutdown_grace, wind_down, args=(state.fleet,))
+        state.fleet.draining.set()
+        timer = threading.Timer(grace, wind_down, args=(state.fleet,))
         timer.daemon = True
         timer.start()
 
