@@ -5,6 +5,7 @@ SIGTERM that loses nothing (on the Qwen pair)."""
 
 from __future__ import annotations
 
+import base64
 import json
 import math
 import signal
@@ -89,8 +90,9 @@ def test_manifests_validate_against_the_kubernetes_schemas_and_the_plan(home, ke
     assert dep["spec"]["template"]["metadata"]["labels"]["llm-d.ai/engine-type"] == engine["name"]
     secret = next(o for o in objs if o["kind"] == "Secret")
     monitor = next(o for o in objs if o["kind"] == "ServiceMonitor")
-    token = secret["stringData"]["metrics-token"]
-    assert f"prometheus {token}" in secret["stringData"]["keys"] and "alice sk-alice-1" in secret["stringData"]["keys"]
+    data = {k: base64.b64decode(v).decode() for k, v in secret["data"].items()}
+    token = data["metrics-token"]
+    assert f"prometheus {token}" in data["keys"] and "alice sk-alice-1" in data["keys"]
     assert monitor["spec"]["endpoints"][0]["authorization"]["credentials"]["key"] == "metrics-token"
 
 
@@ -123,7 +125,7 @@ def test_several_models_and_a_card_preset(home, keys):
     objs = {o["kind"] + "/" + o["metadata"]["name"]: o for o in yaml.safe_load_all(r.stdout) if o}
     pod = objs["Deployment/specdeck"]["spec"]["template"]["spec"]
     assert [c["args"] for c in pod["initContainers"]] == [["pull", "coder-1.5b"], ["pull", "gemma3-270m-q4_k_m"]]
-    assert pod["containers"][0]["args"] == ["serve", "--config", "/etc/specdeck/config.toml"]
+    assert pod["containers"][0]["args"] == ["serve", "--config", "/etc/specdeck/config/config.toml"]
     config = objs["ConfigMap/specdeck-config"]["data"]["config.toml"]
     assert '[models.chat]\nmodel = "coder-1.5b"' in config and '[models.small]\nmodel = "gemma3-270m-q4_k_m"' in config
     # a card preset planned for a 24 GiB card (its headers from the catalogue's own file sizes need the hub: skipped

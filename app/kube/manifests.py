@@ -14,6 +14,7 @@ SIGTERM keeps answering until the requests in flight finish (the grace fits --re
 
 from __future__ import annotations
 
+import base64
 import math
 import re
 from dataclasses import dataclass, field
@@ -24,6 +25,8 @@ import yaml
 PORT = 8000
 UID = 10001  # the image's `specdeck` user (deploy/container/Containerfile)
 WEIGHTS, STATE, CONFIG_DIR = "/weights", "/var/lib/specdeck", "/etc/specdeck"
+# the ConfigMap and the Secret as folders (no subPath: their updates reach the pod, and podman kube play mounts them)
+CONFIG_FILE, KEY_FILE = f"{CONFIG_DIR}/config/config.toml", f"{CONFIG_DIR}/secret/keys"
 PRE_STOP = 5  # seconds: endpoints controllers and load balancers take the pod out meanwhile
 DRAIN_MARGIN = 30  # seconds past the drain for the wind-down and the exit
 LOAD_BYTES_PER_S = 100 * 2**20  # a cautious disk read speed, for the startup probe's patience
@@ -110,7 +113,7 @@ def meta(r: Replica, name: str, labels: dict | None = None) -> dict:
 def config_toml(r: Replica) -> str:
     """The server's config: the [serve] table (listening everywhere in the pod, the key file, a drain
     as long as a request), and each model's section where several are served."""
-    serve = {**r.serve, "host": "0.0.0.0", "port": PORT, "api_key_file": f"{CONFIG_DIR}/keys",
+    serve = {**r.serve, "host": "0.0.0.0", "port": PORT, "api_key_file": KEY_FILE,
              "shutdown_grace": r.request_timeout, "request_timeout": r.request_timeout}
     lines = ["# specdeck's config for Kubernetes (specdeck kube)", "[serve]"]
     lines += [f"{k} = {toml_value(v)}" for k, v in sorted(serve.items())]
@@ -151,8 +154,9 @@ def config_map(r: Replica) -> dict:
 
 def secret(r: Replica) -> dict:
     keys = r.keys.rstrip("\n") + f"\nprometheus {r.metrics_token}\n"
+    data = {"keys": keys, "metrics-token": r.metrics_token}
     return {"apiVersion": "v1", "kind": "Secret", "metadata": meta(r, f"{r.name}-keys"), "type": "Opaque",
-            "stringData": {"keys": keys, "metrics-token": r.metrics_token}}
+            "data": {k: base64.b64encode(v.encode()).decode() for k, v in data.items()}}
 
 
 def weights_claim(r: Replica) -> dict:
@@ -189,7 +193,7 @@ def pull_container(r: Replica, m: Served) -> dict:
 
 
 def server_args(r: Replica) -> list[str]:
-    args = ["serve", "--config", f"{CONFIG_DIR}/config.toml"]
+    args = ["serve", "--config", CONFIG_FILE]
     if not r.several:
         args += [*r.models[0].selection, *r.models[0].plan_flags]
     return args
@@ -210,9 +214,8 @@ def server_container(r: Replica) -> dict:
             "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(PRE_STOP)]}}},
             "volumeMounts": [{"name": "weights", "mountPath": WEIGHTS, "readOnly": True},
                              {"name": "state", "mountPath": STATE},
-                             {"name": "config", "mountPath": f"{CONFIG_DIR}/config.toml", "subPath": "config.toml",
-                              "readOnly": True},
-                             {"name": "keys", "mountPath": f"{CONFIG_DIR}/keys", "subPath": "keys", "readOnly": True},
+                             {"name": "config", "mountPath": CONFIG_FILE.rsplit("/", 1)[0], "readOnly": True},
+                             {"name": "keys", "mountPath": KEY_FILE.rsplit("/", 1)[0], "readOnly": True},
                              {"name": "tmp", "mountPath": "/tmp"}]}
 
 
@@ -225,8 +228,7 @@ def deployment(r: Replica) -> dict:
            "volumes": [{"name": "weights", "persistentVolumeClaim": {"claimName": f"{r.name}-weights"}},
                        {"name": "state", "emptyDir": {}},
                        {"name": "config", "configMap": {"name": f"{r.name}-config"}},
-                       {"name": "keys", "secret": {"secretName": f"{r.name}-keys", "defaultMode": 0o400, "optional": False,
-                                                   "items": [{"key": "keys", "path": "keys"}]}},
+                       {"name": "keys", "secret": {"secretName": f"{r.name}-keys", "defaultMode": 0o400, "optional": False}},
                        {"name": "tmp", "emptyDir": {"medium": "Memory", "sizeLimit": "256Mi"}}]}
     if r.gpu:
         pod["tolerations"] = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
