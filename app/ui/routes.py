@@ -88,8 +88,13 @@ def request_body(conv: dict, model: str, settings: dict, speculative: bool) -> d
     return {"model": model, "messages": chat_messages(conv), **sampling, "speculative": {"enabled": speculative}}
 
 
-def not_found(e: NotFound) -> HTTPException:
-    return HTTPException(404, str(e))
+def found(call, *args):
+    """The store's answer; a conversation or message the caller does not own is 404 (not 403: it
+    does not say that it exists)."""
+    try:
+        return call(*args)
+    except NotFound as e:
+        raise HTTPException(404, str(e)) from None
 
 
 def build_router(store: Store, turns: Turns) -> APIRouter:
@@ -108,10 +113,7 @@ def build_router(store: Store, turns: Turns) -> APIRouter:
 
     @r.get("/conversations/{cid}")
     async def one(request: Request, cid: str):
-        try:
-            return store.get(owner_of(request), cid)
-        except NotFound as e:
-            raise not_found(e) from None
+        return found(store.get, owner_of(request), cid)
 
     @r.put("/conversations/{cid}")
     async def put(request: Request, cid: str, body: ConversationBody):
@@ -131,10 +133,7 @@ def build_router(store: Store, turns: Turns) -> APIRouter:
 
     @r.delete("/conversations/{cid}")
     async def delete(request: Request, cid: str):
-        try:
-            store.delete(owner_of(request), cid)
-        except NotFound as e:
-            raise not_found(e) from None
+        found(store.delete, owner_of(request), cid)
         return {"deleted": cid}
 
     @r.get("/export")
@@ -171,10 +170,7 @@ def build_router(store: Store, turns: Turns) -> APIRouter:
     @r.post("/conversations/{cid}/turns")
     async def turn(request: Request, cid: str, body: TurnBody):
         owner = owner_of(request)
-        try:
-            conv = store.get(owner, cid)
-        except NotFound as e:
-            raise not_found(e) from None
+        conv = found(store.get, owner, cid)
         if any(m["state"] == "streaming" for m in conv["messages"]):
             raise HTTPException(409, "an answer is still being written in this conversation: stop it first")
         if body.at is not None:
@@ -205,19 +201,13 @@ def build_router(store: Store, turns: Turns) -> APIRouter:
     @r.get("/messages/{mid}/events")
     async def events(request: Request, mid: str):
         owner = owner_of(request)
-        try:
-            store.message(owner, mid)
-        except NotFound as e:
-            raise not_found(e) from None
+        found(store.message, owner, mid)
         return StreamingResponse(sse(turns.follow(owner, mid)), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
     @r.post("/messages/{mid}/stop")
     async def stop(request: Request, mid: str):
-        try:
-            store.message(owner_of(request), mid)
-        except NotFound as e:
-            raise not_found(e) from None
+        found(store.message, owner_of(request), mid)
         return {"stopped": turns.stop(mid)}
 
     return r

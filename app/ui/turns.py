@@ -77,7 +77,6 @@ class Turn:
         self.changed = asyncio.Event()
         self.snapshot: dict = {"id": mid, "content": "", "reasoning": "", "tool_calls": [], "stats": {}, "state": "streaming"}
         self.done = False
-        self.why = "stopped"  # what a stop is called: the person's ("stopped") or the server's ("interrupted")
         self.task: asyncio.Task | None = None
 
     def publish(self, **fields) -> None:
@@ -118,15 +117,6 @@ class Turns:
                 return
             await turn.changed.wait()
 
-    async def close(self) -> None:
-        """The server stops: every turn's request ends with it (marked by the route's own `abort`)."""
-        for turn in list(self.live.values()):
-            turn.why = "interrupted"
-            turn.stop.set()
-        tasks = [t.task for t in self.live.values() if t.task is not None]
-        if tasks:
-            await asyncio.wait(tasks, timeout=10)
-
     # -- inside ------------------------------------------------------------------------------
 
     async def _write(self, app, scope: dict, turn: Turn, body: dict, compare: bool) -> None:
@@ -137,7 +127,9 @@ class Turns:
                 turn.publish(stats={**stats, "compare": {"running": True}})
                 off = await self._run(app, scope, turn, {**body, "speculative": {"enabled": False}}, save=False)
                 stats["compare"] = {**off.stats(), "same_text": off.content == run.content}
-            state = ("error" if run.error else turn.why if turn.stop.is_set() else
+            # a stop asked for on the page: "stopped"; the server stopping under it (its route's
+            # "abort", or no end at all): "interrupted"; both kept as far as they came
+            state = ("error" if run.error else "stopped" if turn.stop.is_set() else
                      "interrupted" if run.finish in ("abort", None) else "done")
             self._save(turn, run, state, stats)
         except Exception as e:  # noqa: BLE001 - the turn's failure is written into its message, not lost
