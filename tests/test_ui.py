@@ -309,3 +309,24 @@ def test_the_page_and_its_turns_over_tls(pair, certificate, tmp_path):
             assert m["state"] == "done" and m["stats"]["predicted_n"] == 4, m
     finally:
         s.stop()
+
+
+def test_stores_opened_at_once_on_one_folder_all_open(tmp_path):
+    """Instances started together on one state folder (behind nginx) each open the store."""
+    import threading
+
+    errors, start = [], threading.Barrier(6)
+
+    def one() -> None:
+        start.wait()
+        try:
+            Store(tmp_path / "c.sqlite3").create("", "x")
+        except Exception as e:  # noqa: BLE001 - what the test counts
+            errors.append(e)
+
+    threads = [threading.Thread(target=one) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == [] and len(Store(tmp_path / "c.sqlite3").list("")) == 6

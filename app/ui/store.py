@@ -122,17 +122,27 @@ class Store:
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        with self._db() as db:
-            db.executescript(SCHEMA)
-            # answers the server was writing when it last ended: kept as far as they came
-            db.execute("UPDATE messages SET state = 'interrupted' WHERE state = 'streaming'")
+        # servers started together on one state folder (instances behind nginx) open it at once:
+        # switching it to WAL takes a lock no busy timeout waits for, so that is tried again
+        for attempt in range(50):
+            try:
+                with self._db(wal=True) as db:
+                    db.executescript(SCHEMA)
+                    # answers the server was writing when it last ended: kept as far as they came
+                    db.execute("UPDATE messages SET state = 'interrupted' WHERE state = 'streaming'")
+                break
+            except sqlite3.OperationalError as e:
+                if "locked" not in str(e) or attempt == 49:
+                    raise
+                time.sleep(0.1)
 
     @contextmanager
-    def _db(self) -> Iterator[sqlite3.Connection]:
+    def _db(self, wal: bool = False) -> Iterator[sqlite3.Connection]:
         db = sqlite3.connect(self.path, timeout=10)
         db.row_factory = sqlite3.Row
         try:
-            db.execute("PRAGMA journal_mode=WAL")
+            if wal:  # once, at open: the mode stays with the file
+                db.execute("PRAGMA journal_mode=WAL")
             db.execute("PRAGMA foreign_keys=ON")
             with db:
                 yield db
