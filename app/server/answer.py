@@ -210,13 +210,14 @@ class Answer:
     (llama-server's /completion sends each step's tokens)."""
 
     def __init__(self, service: Service, job: Job, stops: list[str], chat: ChatStream | None = None,
-                 every_step: bool = False) -> None:
+                 every_step: bool = False, live: bool = False) -> None:
         self.job = job
         self.text = TextStream(service.piece, stops + list(chat.spec.stops) if chat is not None else stops)
         self.chat = chat
         self.every_step = every_step
         self.step_tokens: list[int] = []  # the last step's tokens
-        self.so_far = RequestRecord(prompt_tokens=0)  # the steps streamed so far (live figures)
+        # the steps streamed so far, kept only where the client asked for live figures (timings_per_token)
+        self.so_far = RequestRecord(prompt_tokens=0) if live else None
         self.t_first: float | None = None  # when the first step came
         self._logprobs: list = []  # log-probabilities of tokens whose text has not gone out
         self._raw: list[str] = []
@@ -264,8 +265,9 @@ class Answer:
             elif isinstance(event, StepRecord):
                 self._logprobs += event.logprobs or []
                 self.step_tokens = event.tokens
-                self.so_far.add(event)
-                self.t_first = self.t_first or time.monotonic()
+                if self.so_far is not None:
+                    self.so_far.add(event)
+                    self.t_first = self.t_first or time.monotonic()
                 piece = self.text.push(event.tokens)
                 if self.text.stopped:
                     self.job.cancel()

@@ -197,7 +197,7 @@ async def _generate(request: Request, service: Service, settings: ServeSettings,
                     echo: str = "", offset: int = 0, triggers: tuple[str, ...] = (), pictures: dict | None = None):
     job = submit(service, settings, metrics, body, ids, grammar, triggers=triggers, pictures=pictures)
     created, rid = int(time.time()), ("chatcmpl-" if kind == "chat" else "cmpl-") + job.id
-    answer = Answer(service, job, body.stops(), chat)
+    answer = Answer(service, job, body.stops(), chat, live=body.stream and body.timings_per_token)
     head = {"id": rid, "object": "chat.completion" if kind == "chat" else "text_completion", "created": created,
             "model": service.model_id, "system_fingerprint": service.fingerprint}
     if body.stream:
