@@ -4,7 +4,8 @@
 #   bash install.sh            install (CUDA build of llama-cpp-python where nvidia-smi sees a GPU,
 #                              with the CUDA toolkit from PyPI if no nvcc is installed; CPU build
 #                              otherwise). The build must pass a smoke decode before this says done:
-#                              a CPU that advertises AMX it cannot run (asked first: app/build/amx.py)
+#                              a CPU that advertises AMX llama.cpp cannot run (asked first, the CPU
+#                              and the compiler: app/build/amx.py)
 #                              builds without AMX; one that dies by a signal (SIGILL) is rebuilt
 #                              without AMX, then as a portable AVX2 build (see app/build/ladder.py)
 #   bash install.sh --test     also install the test extras, Debian's promtool and nginx, and Chromium (as root) for the tests

@@ -172,6 +172,25 @@ def test_the_amx_probe_reads_a_faulting_tile_instruction_and_a_clean_exit():
     assert probe_amx(cc="no-such-cc").runs is None
 
 
+def test_the_amx_probe_asks_the_compiler_where_the_cpu_runs_amx():
+    """ggml's tile configuration compiled as llama.cpp compiles it: with the configuration left out
+    the first tilezero dies (what GCC 12 does to ggml's), and the probe says so. Only where the CPU
+    runs tile instructions (an Intel Xeon with AMX): elsewhere the CPU's answer comes first."""
+    from app.build.amx import CONFIG_SOURCE, SOURCE, compile_and_run, probe_amx, verdict
+
+    if read_cpu().machine != "x86_64":
+        pytest.skip("AMX is x86-64's")
+    cpu = verdict(compile_and_run("cc", ["-O0"], SOURCE, ".c", 60))
+    if not cpu.runs:
+        assert probe_amx().why == cpu.why  # the compiler is not asked
+        pytest.skip(f"this CPU does not run AMX ({cpu.why})")
+    unconfigured = CONFIG_SOURCE.replace("_tile_loadconfig(&c);", "")
+    assert unconfigured != CONFIG_SOURCE
+    p = probe_amx(config_source=unconfigured)
+    assert p.runs is False and "drops ggml's tile configuration" in p.why and "SIGILL" in p.why
+    print(f"\nthis machine: {probe_amx()}")
+
+
 def test_climb_falls_back_to_portable_avx2_then_gives_up(tmp_path):
     sigill = SmokeResult(False, "died", "SIGILL")
     ok = SmokeResult(True, "decoded")

@@ -1,11 +1,20 @@
-"""Whether this CPU can run AMX, asked before anything is compiled: a VM can advertise `amx_tile`
-in /proc/cpuinfo and still refuse the tile instructions (llama.cpp's native build then dies at its
-first decode). The question takes about a second: a tiny C program, compiled here with the compiler
-that builds llama.cpp, asks the kernel for the tile state (arch_prctl ARCH_REQ_XCOMP_PERM for
-XTILEDATA, as Linux requires before any tile instruction) and runs one tile instruction (ldtilecfg,
-tilezero, tilerelease, written as bytes so any assembler takes them). No Python package runs an
-instruction of our choosing, hence the program. Standard library only (install.sh runs it before
-specdeck's dependencies are installed).
+"""Whether llama.cpp's AMX kernels would run here, asked before anything is compiled, in two
+steps of about a second each:
+
+1. The CPU and kernel: a tiny C program asks the kernel for the tile state (arch_prctl
+   ARCH_REQ_XCOMP_PERM for XTILEDATA, as Linux requires before any tile instruction) and runs one
+   tile instruction (ldtilecfg, tilezero, tilerelease, written as bytes so any assembler takes
+   them). A VM can advertise `amx_tile` and refuse it.
+2. The compiler: ggml configures its tiles by filling a struct field by field and handing it to
+   `_tile_loadconfig` (ggml-cpu/amx/mmq.cpp, `ggml_tile_config_init`). GCC 12 (Debian 12's) at
+   -O2/-O3 drops those stores as dead (its RTL dead-store pass does not see ldtilecfg read them),
+   so the tiles stay unconfigured and the first `tilezero` dies with SIGILL: seen on an Intel
+   Xeon VM whose CPU runs AMX, in gdb at `tilezero %tmm4` in ggml_backend_amx_mul_mat, with
+   `ldtilecfg` after a zeroed config in the disassembly. A C++ program of the same shape, built
+   with the C++ compiler that builds llama.cpp and llama.cpp's flags (-O3 -march=native), is run.
+
+No Python package runs an instruction of our choosing, hence the programs. Standard library only
+(install.sh runs it before specdeck's dependencies are installed).
 
     python -m app.build.amx     prints the answer; exit 0: AMX runs, 1: it cannot, 2: unknown
 """
@@ -47,6 +56,39 @@ int main(void) {
 """
 
 
+# ggml's tile configuration, as ggml_tile_config_init writes it (the shape, not its code): a
+# zero-initialised struct, fields set one by one, then _tile_loadconfig, inside a lambda
+CONFIG_SOURCE = r"""
+#include <immintrin.h>
+#include <stdint.h>
+#include <unistd.h>
+#include <sys/syscall.h>
+
+struct config { uint8_t palette = 0; uint8_t start_row = 0; uint8_t reserved[14] = {0};
+                uint16_t colsb[16] = {0}; uint8_t rows[16] = {0}; };
+
+static inline void configure() {
+    static thread_local bool done = false;
+    if (done) return;
+    alignas(64) config c = {};
+    c.palette = 1;
+    for (int i = 0; i < 8; i++) { c.rows[i] = i < 2 ? 8 : 16; c.colsb[i] = i == 2 || i == 3 ? 32 : 64; }
+    _tile_loadconfig(&c);
+    done = true;
+}
+
+template <typename F> __attribute__((noinline)) void each(int n, F f) { f(0, n); }
+
+int main() {
+    if (syscall(SYS_arch_prctl, 0x1023, 18) != 0)  /* ARCH_REQ_XCOMP_PERM, XTILEDATA */
+        return 3;
+    each(2, [](int begin, int end) { configure(); for (int i = begin; i < end; i++) { _tile_zero(4); _tile_zero(6); } });
+    _tile_release();
+    return 0;
+}
+"""
+
+
 @dataclass(frozen=True)
 class AmxProbe:
     runs: bool | None  # None: the question could not be asked (no compiler, not x86-64 Linux)
@@ -69,26 +111,54 @@ def verdict(returncode: int) -> AmxProbe:
     return AmxProbe(None, f"the probe exited with {returncode}")
 
 
-def probe_amx(cc: str | None = None, timeout: float = 60.0, source: str = SOURCE) -> AmxProbe:
-    """Compile and run the probe (`cc`: the compiler, else $CC, else cc)."""
-    if not sys.platform.startswith("linux"):
-        return AmxProbe(None, "not Linux")
-    compiler = cc or os.environ.get("CC") or "cc"
+def compile_and_run(compiler: str, flags: list[str], source: str, suffix: str, timeout: float) -> int | AmxProbe:
+    """The program's exit status (negative: the signal that killed it), or why there is none."""
     if shutil.which(compiler) is None:
-        return AmxProbe(None, f"no C compiler ({compiler})")
+        return AmxProbe(None, f"no compiler ({compiler})")
     with tempfile.TemporaryDirectory(prefix="specdeck-amx-") as d:
-        src, exe = Path(d) / "amx.c", Path(d) / "amx"
+        src, exe = Path(d) / f"amx{suffix}", Path(d) / "amx"
         src.write_text(source)
         try:
-            built = subprocess.run([compiler, "-O0", "-o", str(exe), str(src)], capture_output=True, text=True,
+            built = subprocess.run([compiler, *flags, "-o", str(exe), str(src)], capture_output=True, text=True,
                                    timeout=timeout)
             if built.returncode != 0:
                 return AmxProbe(None, "the probe did not compile: " + (built.stderr.strip().splitlines() or ["?"])[-1])
-            return verdict(subprocess.run([str(exe)], capture_output=True, timeout=timeout).returncode)
+            return subprocess.run([str(exe)], capture_output=True, timeout=timeout).returncode
         except subprocess.TimeoutExpired:
             return AmxProbe(None, "the probe did not finish")
         except OSError as e:
             return AmxProbe(None, f"the probe could not run: {e.strerror or e}")
+
+
+def probe_amx(cc: str | None = None, cxx: str | None = None, timeout: float = 60.0, source: str = SOURCE,
+              config_source: str = CONFIG_SOURCE) -> AmxProbe:
+    """Ask the CPU (`cc`: the C compiler, else $CC, else cc), then the C++ compiler that builds
+    llama.cpp (`cxx`, else $CXX, else c++) with ggml's way of configuring tiles."""
+    if not sys.platform.startswith("linux"):
+        return AmxProbe(None, "not Linux")
+    code = compile_and_run(cc or os.environ.get("CC") or "cc", ["-O0"], source, ".c", timeout)
+    cpu = code if isinstance(code, AmxProbe) else verdict(code)
+    if not cpu.runs:
+        return cpu
+    compiler = cxx or os.environ.get("CXX") or "c++"
+    code = compile_and_run(compiler, ["-O3", "-march=native"], config_source, ".cpp", timeout)
+    if isinstance(code, AmxProbe):
+        return code
+    if code == 0:
+        return AmxProbe(True, "a tile instruction ran, and the compiler keeps ggml's tile configuration")
+    if code < 0 and -code == signal.SIGILL:
+        return AmxProbe(False, f"the CPU runs AMX, but {compiler_name(compiler)} drops ggml's tile configuration "
+                               "(its stores before ldtilecfg): llama.cpp's AMX kernels would die with SIGILL")
+    return AmxProbe(None, f"the tile configuration probe ended with {verdict(code).why}")
+
+
+def compiler_name(compiler: str) -> str:
+    """`g++ 12.2.0`, from the compiler's --version (its command where it does not say)."""
+    try:
+        out = subprocess.run([compiler, "-dumpfullversion"], capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        out = ""
+    return f"{compiler} {out}" if out else compiler
 
 
 def main() -> int:
