@@ -15,14 +15,16 @@ ALLOWED = {
     "llama": {"errors", "build"},
     "gguf": {"errors", "llama", "units"},
     "models": {"errors", "gguf", "settings", "units"},
-    "plan": {"errors", "gguf", "build", "llama", "units"},
+    "plan": {"errors", "gguf", "build", "llama", "units", "monitor"},  # monitor: the history ring's size
     "engine": {"errors", "gguf", "plan", "llama", "units"},
     "ops": {"errors", "settings", "units"},
     "chat": {"errors"},
     "drafting": {"errors", "gguf", "plan", "llama", "engine", "units"},  # each drafter kind's parts, declared once
-    "server": {"errors", "gguf", "plan", "llama", "engine", "models", "units", "settings", "ops", "chat", "drafting", "ui"},
-    "ui": {"errors", "settings"},
-    "kube": set(),  # manifests from plans handed over as plain data  # the page: a client of the server's routes (in-process), never of its code
+    "server": {"errors", "gguf", "plan", "llama", "engine", "models", "units", "settings", "ops", "chat", "drafting", "ui",
+               "monitor"},
+    "ui": {"errors", "settings", "monitor"},  # the page: a client of the server's routes (in-process), never of its code
+    "monitor": set(),  # the figures' history: plain data in, JSON columns out
+    "kube": set(),  # manifests from plans handed over as plain data
 }
 
 

@@ -3,8 +3,11 @@
 message is sent and streams with its figures; stop frees the slot; an image is answered; the picker
 switches models; an answer goes on while its page is elsewhere; a conversation survives a reload and
 a server restart; export then import round-trips; a hostile conversation runs no script; with keys
-the page asks for one and says when it is wrong. Nothing the page loads leaves the server, and the
-console shows no error. Screenshots go to SPECDECK_SCREENSHOTS (default: the test's folder).
+the page asks for one and says when it is wrong. The monitor (/ui/monitor) on the same server: a
+page opened after a burst shows it from the history; a generation's points arrive live and add up
+to /metrics' counters; the picker switches the model's plots, not the machine's; no GPU is said,
+not drawn; a restart is a gap in the lines, not an error; with keys it asks for one. Nothing the
+page loads leaves the server, and the console shows no error. Screenshots go to SPECDECK_SCREENSHOTS (default: the test's folder).
 
 Without Chromium the tests skip in one line, except under CI=true, where they fail."""
 
@@ -14,11 +17,14 @@ import io
 import json
 import os
 import shutil
+import threading
+import time
 from pathlib import Path
 
 import httpx
 import pytest
 from PIL import Image
+from prometheus_client.parser import text_string_to_metric_families
 from support.live import Serve, free_port, wait_for
 from support.tinymodels import write_tiny_model
 
@@ -312,6 +318,116 @@ def test_a_hostile_conversation_runs_no_script(tab, site):
     assert tab.errors == [], tab.errors  # not even a blocked attempt: raw HTML is text, never parsed as markup
 
 
+# -- the monitor (/ui/monitor): the same page, server and browser --------------------------------
+
+def chart_data(page, chart: str) -> list[list]:
+    """A chart's data as uPlot holds it: [t, series...]."""
+    return page.evaluate("c => window.specdeckMonitor.charts.get(c).uplot.data.map(a => Array.from(a))", chart)
+
+
+def chart_series(page, chart: str) -> list[str]:
+    return page.evaluate("c => window.specdeckMonitor.charts.get(c).series.map(s => s.col)", chart)
+
+
+def model_metric(site, name: str, model: str = "coder") -> float:
+    """A metric of one model, from the server's /metrics."""
+    return sum(smp.value for fam in text_string_to_metric_families(httpx.get(site.url + "/metrics").text)
+               for smp in fam.samples if smp.name == name and smp.labels.get("model") == model)
+
+
+def made(t: list, v: list) -> float:
+    """Σ rate × seconds: the tokens a rate plot says were made."""
+    return sum(v[i] * (t[i] - t[i - 1]) for i in range(1, len(t)) if v[i] is not None)
+
+
+@pytest.fixture(scope="module")
+def monitor(browser, site):
+    """A monitor page, opened once the chat tests above have made their requests."""
+    t = Page(browser, site)
+    t.opened = time.time()
+    t.page.goto(site.url + "/ui/monitor")
+    t.page.wait_for_selector('[data-testid="chart-speed"]')
+    yield t
+    t.close()
+    assert t.outside == [], f"the monitor asked for addresses past the server: {t.outside}"
+
+
+def test_a_monitor_opened_after_a_burst_shows_it_from_the_history(monitor, site):
+    """The chat tests above made the burst; this page opened after it."""
+    page = monitor.page
+    t, generated, _prompt = chart_data(page, "speed")
+    before = [g for x, g in zip(t, generated, strict=True) if x < monitor.opened and g]
+    assert before, "the chat tests' answers are not in the history"
+    assert made(t, generated) == pytest.approx(model_metric(site, "specdeck_completion_tokens_total"), rel=0.01, abs=1)
+    assert page.locator('[data-testid="no-gpu"]').is_visible()  # no NVML here: said, not empty axes
+    assert page.locator('[data-testid^="chart-gpu"]').count() == 0
+    for chart in ("ttft", "acceptance", "accepted_length", "tokens_per_decode", "drafting", "requests", "context",
+                  "host_memory", "host_cpu"):
+        assert page.locator(f'[data-testid="chart-{chart}"]').is_visible(), chart
+    assert "context_tokens:0" in chart_series(page, "context")
+    assert any(c.startswith("acceptance_rate:") for c in chart_series(page, "acceptance"))  # per drafter
+    page.wait_for_function("() => document.querySelectorAll('[data-testid=mon-plan] tr').length > 3")
+    assert "monitor history" in page.inner_text('[data-testid="mon-plan"]')
+    assert "coder: loaded" in page.inner_text('[data-testid="mon-models"]')
+    assert monitor.errors == [], monitor.errors
+
+
+def test_the_monitor_follows_a_generation_live(monitor, site):
+    page = monitor.page
+    body = {"model": "coder", "messages": [{"role": "user", "content": "Write a Python class for a binary search tree "
+                                            "with insert, delete and an in-order walk."}],
+            "max_tokens": 400, "temperature": 0, "stream": True}
+    seen: dict = {}
+
+    def ask() -> None:
+        with httpx.stream("POST", site.url + "/v1/chat/completions", json=body, timeout=600) as r:
+            seen["status"] = r.status_code
+            for _ in r.iter_lines():
+                pass
+
+    worker = threading.Thread(target=ask)
+    worker.start()
+    try:
+        page.wait_for_function("() => { const M = window.specdeckMonitor, r = M.cols.requests_running, g = M.cols.generated_tokens_per_second;"
+                               " return r[r.length - 1] === 1 && g[g.length - 1] > 0; }", timeout=120_000)
+        busy = model_metric(site, "specdeck_busy_slots")
+        page.wait_for_timeout(1500)
+        page.screenshot(path=str(site.screenshots / "monitor.png"))
+        assert busy == 1 and chart_data(page, "requests")[1][-1] in (0, 1)
+        assert "generated" in page.inner_text('[data-testid="now-speed"]')
+    finally:
+        worker.join(600)
+    assert seen["status"] == 200
+    page.wait_for_timeout(2500)  # the last tokens' row
+    t, generated, _ = chart_data(page, "speed")
+    assert t == sorted(set(t)), "a point came twice"
+    assert made(t, generated) == pytest.approx(model_metric(site, "specdeck_completion_tokens_total"), rel=0.01, abs=1)
+    _, drafted, accepted = chart_data(page, "drafting")
+    assert made(t, accepted) == pytest.approx(model_metric(site, "specdeck_draft_accepted_total"), rel=0.01, abs=1)
+    assert made(t, drafted) == pytest.approx(model_metric(site, "specdeck_draft_tokens_total"), rel=0.01, abs=1)
+    # the page's points are the server's
+    cols = httpx.get(site.url + "/ui/api/series", params={"model": "coder", "since": t[-10] - 0.01}).json()["columns"]
+    n = min(len(cols["t"]), 8)
+    assert t[-10:][:n] == cols["t"][:n] and generated[-10:][:n] == cols["generated_tokens_per_second"][:n]
+    assert monitor.errors == [], monitor.errors
+
+
+def test_the_monitor_follows_the_model_picked(monitor, site):
+    page = monitor.page
+    host_coder = chart_data(page, "host_memory")
+    page.select_option('[data-testid="mon-model"]', "tiny")
+    page.wait_for_function("() => window.specdeckMonitor.shown === 'tiny'")
+    t, generated, _ = chart_data(page, "speed")
+    assert made(t, generated) == pytest.approx(model_metric(site, "specdeck_completion_tokens_total", "tiny"), rel=0.01, abs=1)
+    # the machine's plots are the machine's, whichever model is picked
+    host_tiny = chart_data(page, "host_memory")
+    common = set(host_coder[0]) & set(host_tiny[0])
+    assert common and all(host_coder[1][host_coder[0].index(x)] == host_tiny[1][host_tiny[0].index(x)] for x in common)
+    page.select_option('[data-testid="mon-model"]', "coder")
+    page.wait_for_function("() => window.specdeckMonitor.shown === 'coder'")
+    assert monitor.errors == [], monitor.errors
+
+
 def test_a_conversation_survives_a_server_restart(tab, site):
     page = tab.page
     titles = page.locator('[data-testid="conversation"] .title').all_inner_texts()
@@ -325,6 +441,24 @@ def test_a_conversation_survives_a_server_restart(tab, site):
     assert page.locator('[data-testid="conversation"] .title').all_inner_texts() == titles
     page.locator('[data-testid="conversation"]', has_text="Count from one").first.click()
     page.wait_for_selector('[data-testid="message-assistant"][data-state="done"]')
+
+
+def test_the_monitor_shows_a_restart_as_a_gap_not_an_error(monitor, site):
+    page = monitor.page
+    site.stop()
+    page.wait_for_function("() => document.getElementById('mon-conn').textContent.includes('reconnecting')", timeout=30_000)
+    restarted = time.time()
+    site.start()
+    page.wait_for_function("() => !document.getElementById('mon-conn').textContent", timeout=60_000)
+    page.wait_for_function("s => { const t = window.specdeckMonitor.cols.t; return t[t.length - 1] > s + 3; }",
+                           arg=restarted, timeout=60_000)
+    t, generated, prompt = chart_data(page, "speed")
+    gaps = [k for k in range(1, len(t) - 1) if generated[k] is None and prompt[k] is None and t[k + 1] - t[k] > 1.5]
+    assert gaps, "no break in the line where the server was down"
+    assert t == sorted(set(t))
+    assert page.locator('[data-testid="banner"]').is_hidden()
+    assert [e for e in monitor.errors if "ERR_CONNECTION_REFUSED" not in e] == [], monitor.errors
+    monitor.errors.clear()
 
 
 def test_with_keys_the_page_asks_for_one_and_refuses_a_wrong_one(browser, site):
@@ -352,3 +486,14 @@ def test_with_keys_the_page_asks_for_one_and_refuses_a_wrong_one(browser, site):
         assert t.outside == []
     finally:
         t.close()
+    m = Page(browser, site)  # the monitor asks too
+    try:
+        m.page.goto(site.url + "/ui/monitor")
+        m.page.wait_for_selector('[data-testid="key-dialog"][open]')
+        assert m.page.locator('[data-testid="chart-speed"]').count() == 0
+        m.page.fill('[data-testid="key"]', "sk-alice-1")
+        m.page.click('[data-testid="key-submit"]')
+        m.page.wait_for_selector('[data-testid="chart-speed"]')
+        assert httpx.get(site.url + "/ui/api/series").status_code == 401
+    finally:
+        m.close()

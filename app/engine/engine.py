@@ -346,7 +346,7 @@ class Engine:
         rec = StepRecord(slot=s.id, tokens=acc.tokens, drafted=len(d.tokens), accepted=acc.n_accepted, k=k,
                          drafter=(d.source or self.drafter.name) if (self.drafter and d.tokens) else "none",
                          t_draft=t_draft, t_verify=t_verify, t_sample=time.perf_counter() - t,
-                         target_argmax=argmax, top2_gap=gaps)
+                         target_argmax=argmax, top2_gap=gaps, depth=base)
         if d.why is not None:
             rec.alpha_est, rec.expected_gain, rec.reason = d.why.alpha, d.why.gain, d.why.reason
         if s.request.logprobs is not None:  # token i was chosen from row i of the verify decode

@@ -25,6 +25,7 @@ class StepRecord:
     alpha_est: float | None = None
     expected_gain: float | None = None
     reason: str = ""
+    depth: int = 0  # context tokens the slot held before this step (an MTP head's acceptance is kept per depth band)
 
     @classmethod
     def undrafted(cls, slot: int, tokens: list[int], t_verify: float = 0.0, finish_reason: str | None = None) -> StepRecord:

@@ -20,6 +20,7 @@ from app.errors import SpecdeckError
 from app.gguf.info import ModelInfo
 from app.gguf.projector import ProjectorInfo
 from app.llama.params import ModelParams
+from app.monitor.history import history_bytes
 from app.plan import terms as M
 from app.plan.hardware import Hardware
 from app.plan.rows import Device, HeadRows, Term, VisionFacts, extra_copies, model_terms, vision_facts, vision_terms
@@ -228,6 +229,8 @@ def evaluate(target: ModelInfo, draft: ModelInfo | None, c: Candidate, device: D
         terms.append(Term("context checkpoints", c.checkpoints * c.parallel * sum(ck), "host" if device == "cuda" else "device",
                           f"{c.checkpoints} per slot x {c.parallel} slots x {sum(ck) / MiB:,.1f} MiB"
                           + (f" (target {ck[0] / MiB:,.1f} + draft {ck[1] / MiB:,.1f})" if ck[1] else "")))
+    terms.append(Term("monitor history", history_bytes(c.parallel, 1 if device == "cuda" else 0),
+                      "host" if device == "cuda" else "device", "the monitor's last hour, a row a second"))
     terms.append(Term("runtime reserve", reserve, "device", "CUDA context, driver, display" if device == "cuda" else "Python, libraries, server"))
     terms.append(Term("safety margin", margin, "device"))
     t_params = ModelParams(t_cs.n_ctx, t_cs.n_batch, t_cs.n_ubatch, c.parallel, True, c.type_k,

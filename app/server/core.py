@@ -257,6 +257,10 @@ def refresh_gauges(service: Service, metrics: Metrics) -> list:
                            (metrics.slot_head_acceptance, "recent_head_acceptance")):
             if live.get(key) is not None:
                 gauge.labels(str(s.id)).set(live[key])
+    snap = service.stats.snapshot()
+    for q, key in (("0.5", "tbt_s_p50"), ("0.95", "tbt_s_p95")):
+        if snap[key] is not None:
+            metrics.tbt.labels(q).set(snap[key])
     saved = service.scheduler.engine.cache.saved
     metrics.saved_bytes.set(saved.nbytes)
     metrics.cache_host_bytes.set(service.scheduler.engine.cache.host_bytes())
@@ -296,6 +300,18 @@ def capacity(service: Service) -> dict:
             "queue": sched.queue_depth(), "queue_limit": sched.max_queue}
 
 
+def machine_json(gpus, cpu_percent: float | None) -> dict:
+    """The machine's part of a status: each GPU and the host (the server's resident memory too)."""
+    vm = psutil.virtual_memory()
+    return {
+        "gpu": [{"name": g.name, "total": g.total, "free": g.free, "utilization": g.utilization,
+                 "temperature_c": g.temperature_c, "temperature_slowdown_c": g.temperature_slowdown_c,
+                 "power_w": g.power_w, "power_limit_w": g.power_limit_w} for g in gpus],
+        "host": {"total": vm.total, "available": vm.available, "rss": psutil.Process().memory_info().rss,
+                 "cpu_percent": cpu_percent},
+    }
+
+
 def status_json(service: Service, metrics: Metrics) -> dict:
     gpus = refresh_gauges(service, metrics)
     eng = service.scheduler.engine
@@ -305,7 +321,6 @@ def status_json(service: Service, metrics: Metrics) -> dict:
         state = "generating" if job else "prompt" if s.id in service.scheduler.starting else "idle"
         slots.append({"id": s.id, "state": state, "cached_tokens": len(s.cached),
                       "generated": s.generated if job else 0, **service.stats.slot(s.id)})
-    vm = psutil.virtual_memory()
     return {
         "models": service.models, "plan": service.plan.to_json(), "slots": slots,
         "queue": service.scheduler.queue_depth(), "busy_slots": service.scheduler.busy_slots(),
@@ -314,11 +329,7 @@ def status_json(service: Service, metrics: Metrics) -> dict:
         "draft_max": eng.draft_limit,
         "recent_tokens_per_second": recent_tps(service),
         "acceptance": metrics.acceptance_rate(),
-        "gpu": [{"name": g.name, "total": g.total, "free": g.free, "utilization": g.utilization,
-                 "temperature_c": g.temperature_c, "temperature_slowdown_c": g.temperature_slowdown_c,
-                 "power_w": g.power_w, "power_limit_w": g.power_limit_w} for g in gpus],
-        "host": {"total": vm.total, "available": vm.available, "rss": psutil.Process().memory_info().rss,
-                 "cpu_percent": service.stats.cpu_percent()},
+        **machine_json(gpus, service.stats.cpu_percent()),
         "model_id": service.model_id, "version": __version__,
         "errors": sum(m.value for f in metrics.errors.collect() for m in f.samples if m.name.endswith("_total")),
         **capacity(service),

@@ -14,6 +14,7 @@ import json
 import logging
 import secrets
 import time
+from contextlib import asynccontextmanager
 from datetime import datetime, timezone
 
 from fastapi import FastAPI, Request
@@ -27,6 +28,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from app import __version__
 from app.chat.fallback import FALLBACK
 from app.chat.fallback import NOTE as FALLBACK_NOTE
+from app.plan.hardware import read_gpus
 from app.server.access import SELF_HEADER, SourceAllowlist
 from app.server.answer import SSE_KEEP_ALIVE
 from app.server.app import add_error_handlers
@@ -36,6 +38,7 @@ from app.server.errors import ApiError, api_of, shaped
 from app.server.fleet import Fleet, Load, Member, NeverFits
 from app.server.keys import KeyGate, KeyStore, Windows
 from app.server.limits import BodyLimit
+from app.server.monitor import Sampler, open_history
 from app.server.ollama import API_VERSION, model_entry
 from app.server.settings import ServeSettings
 from app.ui.routes import mount as mount_ui
@@ -93,8 +96,19 @@ class FleetMetrics:
 
 
 def create_front(settings: ServeSettings, fleet: Fleet) -> FastAPI:
-    app = FastAPI(title="specdeck", version=__version__, description="OpenAI-compatible API over speculative llama.cpp engines")
-    app.state.fleet, app.state.settings = fleet, settings
+    history = open_history(fleet, len(read_gpus()))
+    sampler = Sampler(fleet, history)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        """The monitor's sampler runs while the server serves (never for an app that is only built)."""
+        sampler.start()
+        yield
+        sampler.stop()
+
+    app = FastAPI(title="specdeck", version=__version__, description="OpenAI-compatible API over speculative llama.cpp engines",
+                  lifespan=lifespan)
+    app.state.fleet, app.state.settings, app.state.history = fleet, settings, history
     registry = CollectorRegistry()
     registry.register(FleetMetrics(fleet))
     # pure ASGI middlewares, the last added outermost: access log, allowlist, CORS, key gate, body cap
@@ -121,8 +135,15 @@ def create_front(settings: ServeSettings, fleet: Fleet) -> FastAPI:
             return page()
         return PlainTextResponse("specdeck is running")
 
+    def resolve(name: str | None) -> str:
+        """A model name as the monitor's routes take it, by the fleet's one rule."""
+        m = fleet.find(name) if name else fleet.shown()
+        if m is None:
+            raise unknown_model(name, fleet.names())
+        return m.name
+
     if settings.ui:
-        mount_ui(app)
+        mount_ui(app, history, resolve)
 
     @app.get("/health")
     async def health(fail_on_no_slot: bool = False):

@@ -44,7 +44,7 @@ WINDOW = 60.0  # seconds: limits are per minute
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@-]{0,63}")
 LIMITS = ("requests_per_minute", "generated_tokens_per_minute")
 SELF_NAME = "specdeck"  # the server's own smoke request and watchdog check
-OPEN_PATHS = ("/health", "/health/live", "/health/ready", "/", "/ui")  # answered without a key (balancers and probes; `/` says only that it runs,
+OPEN_PATHS = ("/health", "/health/live", "/health/ready", "/", "/ui", "/ui/monitor")  # answered without a key (balancers and probes; `/` says only that it runs,
 # or is the chat page, which asks for a key before it calls the API)
 OPEN_PREFIXES = ("/ui/static/",)  # the page's own files
 

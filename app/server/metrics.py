@@ -46,6 +46,8 @@ class Metrics:
         self.fallback = Gauge("specdeck_fallback_active",
                               "1 while a fallback serves in place of a start that failed (see /v1/status)", registry=r)
         self.alert = Gauge("specdeck_alert", "1 while the named alert is raised", ["name"], registry=r)
+        self.tbt = Gauge("specdeck_time_between_tokens_seconds", "Time between an answer's steps (a step may bring "
+                         "several tokens), over the last 30 s, by quantile (0.5, 0.95)", ["quantile"], registry=r)
         self.slot_tokens_per_decode = Gauge("specdeck_slot_tokens_per_decode",
                                             "Tokens per target decode of the slot's steps, last 30 s", ["slot"], registry=r)
         self.slot_head_acceptance = Gauge("specdeck_slot_mtp_head_acceptance",

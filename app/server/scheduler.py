@@ -133,7 +133,7 @@ class Job:
 
 
 class Scheduler:
-    def __init__(self, engine: Engine, max_queue: int = 16, on_step=None, on_done=None) -> None:
+    def __init__(self, engine: Engine, max_queue: int = 16, on_step=None, on_done=None, on_prompt=None) -> None:
         self.engine = engine
         self.max_queue = max_queue
         self.queue: collections.deque[Job] = collections.deque()
@@ -144,6 +144,7 @@ class Scheduler:
         self.thread: threading.Thread | None = None
         self.on_step = on_step or (lambda rec: None)
         self.on_done = on_done or (lambda job, rec: None)
+        self.on_prompt = on_prompt or (lambda n: None)  # prompt tokens evaluated by a chunk
         self.recent: collections.deque[tuple[float, int]] = collections.deque(maxlen=512)  # (time, tokens)
         self.last_used: dict[int, float] = {}  # slot id -> when its last request ended
         self.stopping = False  # set by wind_down: nothing new starts, what runs ends at its next step
@@ -260,6 +261,7 @@ class Scheduler:
                 continue
             if p.done > done:
                 self.eval_rate = (time.perf_counter() - t) / (p.done - done)
+                self.on_prompt(p.done - done)
             if job.progress:
                 job.send(Progress.of(p))
             if rec is None:

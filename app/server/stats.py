@@ -13,10 +13,28 @@ import time
 
 import psutil
 
+from app.engine.drafters.adaptive import head_key
 from app.engine.drafters.mtp import MtpDrafter
 from app.engine.records import RequestRecord, StepRecord
 
 HEAD = MtpDrafter.name  # a step's drafter when the target's MTP head drafted it
+TTFT_WINDOW = 60.0  # seconds of finished requests the TTFT percentiles are taken over
+
+
+def drafter_key(rec: StepRecord) -> str:
+    """Whose draft a step verified: the drafter's name; the MTP head's with its depth band
+    ("mtp@4k"), as the adaptive drafter measures it."""
+    if rec.drafter == HEAD:
+        return head_key(HEAD, MtpDrafter.depth_bands, sum(rec.depth >= b for b in MtpDrafter.depth_bands))
+    return rec.drafter
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    """The nearest-rank percentile (q in 0-1) of `values`; None for none."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, int(q * len(ordered) + 0.5) - 1))]
 
 
 class LiveStats:
@@ -32,6 +50,13 @@ class LiveStats:
         self.requests = 0
         self.last: dict | None = None  # the last finished request's timings
         self.ttfts: collections.deque[float] = collections.deque(maxlen=32)
+        self.ttft_times: collections.deque[tuple[float, float]] = collections.deque()  # (when finished, ttft) in TTFT_WINDOW
+        self.drafts: collections.deque[tuple[float, str, int, int]] = collections.deque()  # t, drafter key, drafted, accepted
+        # time between tokens: the gap between a slot's steps in one answer (a step may bring several tokens)
+        self.slot_step_at: dict[int, float] = {}
+        self.gaps: collections.deque[tuple[float, float]] = collections.deque()  # (t, seconds since the slot's previous step)
+        # running counts since the start: the monitor's rates are their differences
+        self.counts = {"generated": 0, "decodes": 0, "drafted": 0, "accepted": 0, "prompt_evaluated": 0}
         self.prompt_tps: collections.deque[float] = collections.deque(maxlen=32)
         self._cpu_prev: tuple | None = None
         self._cpu_last: float | None = None
@@ -47,12 +72,31 @@ class LiveStats:
             self.slot_last[rec.slot] = {"k": rec.k, "drafter": rec.drafter, "drafted": rec.drafted, "accepted": rec.accepted}
             self.slot_steps.setdefault(rec.slot, collections.deque()).append(
                 (now, len(rec.tokens), rec.drafted, rec.accepted, rec.drafter == HEAD))
+            if rec.drafted:
+                self.drafts.append((now, drafter_key(rec), rec.drafted, rec.accepted))
+            if rec.slot in self.slot_step_at:
+                self.gaps.append((now, now - self.slot_step_at[rec.slot]))
+            if rec.finish_reason is None:
+                self.slot_step_at[rec.slot] = now
+            else:
+                self.slot_step_at.pop(rec.slot, None)
+            c = self.counts
+            c["generated"] += len(rec.tokens)
+            c["decodes"] += 1
+            c["drafted"] += rec.drafted
+            c["accepted"] += rec.accepted
             self._prune(now)
+
+    def prompt(self, n: int) -> None:
+        """`n` more prompt tokens evaluated (a chunk of a prompt being read)."""
+        with self.lock:
+            self.counts["prompt_evaluated"] += n
 
     def done(self, rec: RequestRecord) -> None:
         with self.lock:
             self.requests += 1
             self.ttfts.append(rec.ttft)
+            self.ttft_times.append((self.clock(), rec.ttft))
             if rec.prompt_tps:
                 self.prompt_tps.append(rec.prompt_tps)
             self.last = {"ttft_s": rec.ttft, "prompt_tokens_per_second": rec.prompt_tps,
@@ -63,6 +107,12 @@ class LiveStats:
     def _prune(self, now: float) -> None:
         while self.steps and now - self.steps[0][0] > self.window:
             self.steps.popleft()
+        while self.drafts and now - self.drafts[0][0] > self.window:
+            self.drafts.popleft()
+        while self.gaps and now - self.gaps[0][0] > self.window:
+            self.gaps.popleft()
+        while self.ttft_times and now - self.ttft_times[0][0] > TTFT_WINDOW:
+            self.ttft_times.popleft()
         for steps in self.slot_steps.values():
             while steps and now - steps[0][0] > self.window:
                 steps.popleft()
@@ -108,6 +158,9 @@ class LiveStats:
             # whole buckets only: the current one is still filling
             spark = [self.buckets.get(b, 0) / self.bucket for b in range(current - n, current) if b >= 0]
             ttfts, ptps, last, requests = list(self.ttfts), list(self.prompt_tps), self.last, self.requests
+            recent_ttfts = [x for _, x in self.ttft_times]
+            drafts, counts = list(self.drafts), dict(self.counts)
+            gaps = [g for _, g in self.gaps]
         tokens = sum(s[1] for s in steps)
         drafted = sum(s[2] for s in steps)
         accepted = sum(s[3] for s in steps)
@@ -119,9 +172,31 @@ class LiveStats:
             "recent_acceptance": accepted / drafted if drafted else None,
             "recent_tokens_per_step": tokens / len(steps) if steps else None,
             "recent_draft_length": drafted / len(steps) if steps else None,  # tokens drafted per step, 0 = plain
-        "recent_draft_cap": sum(s[4] for s in spec) / len(spec) if spec else None,  # k asked for, where drafting
+            "recent_draft_cap": sum(s[4] for s in spec) / len(spec) if spec else None,  # k asked for, where drafting
             "ttft_s_mean": sum(ttfts) / len(ttfts) if ttfts else None,
+            "ttft_window_s": TTFT_WINDOW,
+            "ttft_s_p50": percentile(recent_ttfts, 0.50),
+            "ttft_s_p95": percentile(recent_ttfts, 0.95),
+            "drafters": by_drafter(drafts),
+            "tbt_s_p50": percentile(gaps, 0.50),  # time between tokens: between an answer's steps, last `window_s`
+            "tbt_s_p95": percentile(gaps, 0.95),
+            "counts": counts,
             "prompt_tokens_per_second_mean": sum(ptps) / len(ptps) if ptps else None,
             "last_request": last,
             "history": {"bucket_s": self.bucket, "tokens_per_second": spark},
         }
+
+
+def by_drafter(drafts: list[tuple[float, str, int, int]]) -> dict[str, dict]:
+    """Each drafter's steps in the window: acceptance (accepted / drafted) and mean accepted length
+    (tokens a verify of its draft kept, the target's own token included: vLLM's mean acceptance length)."""
+    out: dict[str, dict] = {}
+    for _, key, drafted, accepted in drafts:
+        d = out.setdefault(key, {"steps": 0, "drafted": 0, "accepted": 0})
+        d["steps"] += 1
+        d["drafted"] += drafted
+        d["accepted"] += accepted
+    for d in out.values():
+        d["acceptance"] = d["accepted"] / d["drafted"]
+        d["mean_accepted_length"] = 1 + d["accepted"] / d["steps"]
+    return out

@@ -16,7 +16,9 @@ from fastapi.responses import FileResponse, Response, StreamingResponse
 from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel, Field
 
+from app.monitor.history import History
 from app.settings import Paths
+from app.ui.monitor import build_monitor_router
 from app.ui.store import Invalid, Message, NotFound, Store, conversation_of, message_of
 from app.ui.turns import Turns
 
@@ -240,15 +242,18 @@ async def sse(snapshots) -> Any:
         nxt.cancel()
 
 
-def mount(app: FastAPI, db: Path | None = None) -> None:
-    """The page, its files and its API on the server's app; the conversations in `db` (default:
-    specdeck's state folder)."""
+def mount(app: FastAPI, history: History, resolve, db: Path | None = None) -> None:
+    """The page (chat and monitor), its files and its API on the server's app; the conversations in
+    `db` (default: specdeck's state folder), the monitor's figures in `history` (`resolve`: a
+    model name to the served model's, see build_monitor_router)."""
     store = Store(db or Paths().state / "conversations.sqlite3")
     app.state.ui = Ui(store, Turns(store))
     app.include_router(build_router(store, app.state.ui.turns))
+    app.include_router(build_monitor_router(history, resolve))
     app.mount("/ui/static", StaticFiles(directory=STATIC), name="ui-static")
 
     @app.get("/ui", include_in_schema=False)
+    @app.get("/ui/monitor", include_in_schema=False)
     async def ui_page():
         return page()
 

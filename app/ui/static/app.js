@@ -651,7 +651,10 @@ function notice(text) {
 
 // -- start -----------------------------------------------------------------------------------
 
+function isMonitor() { return location.pathname === "/ui/monitor"; }
+
 async function start() {
+  if (isMonitor()) return startMonitor();
   try {
     await loadModels();
     await loadDefaults();
@@ -675,7 +678,7 @@ function wire() {
     const files = [...(e.clipboardData ? e.clipboardData.files : [])];
     if (files.length) { e.preventDefault(); addImages(files); }
   });
-  const main = document.querySelector(".main");
+  const main = document.querySelector(".main.chat-only");
   main.addEventListener("dragover", (e) => { e.preventDefault(); main.classList.add("dropping"); });
   main.addEventListener("dragleave", () => main.classList.remove("dropping"));
   main.addEventListener("drop", (e) => { e.preventDefault(); main.classList.remove("dropping"); addImages(e.dataTransfer.files); });
@@ -704,4 +707,8 @@ function wire() {
   setInterval(() => { if (!state.down) loadModels().catch(() => {}); }, 5000);
 }
 
-document.addEventListener("DOMContentLoaded", () => { wire(); start(); });
+document.addEventListener("DOMContentLoaded", () => {
+  wire();
+  if (isMonitor()) wireMonitor();
+  start();
+});
