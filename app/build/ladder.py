@@ -233,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
     rungs = rungs_for(args.kind, cpu, os.environ.get("CMAKE_ARGS", "").strip(), args.cuda_arch, portable=args.portable,
                       amx_runs=amx.runs if amx is not None else None)
     if amx is not None and amx.runs is False and not args.check:
-        say(f"this CPU advertises AMX, but llama.cpp's AMX kernels cannot run here ({amx.why}): the build goes without AMX")
+        say(f"the build goes without AMX, which this CPU advertises: {amx.why}")
     context = build_context(args.python, cpu, args.kind)
     cache = cache_root()
     if args.rebuild:
