@@ -60,6 +60,7 @@ def test_truncated_gguf(tmp_path, tiny):
     (["plan", "--parallel", "0"], "bad setting parallel"),
     (["serve", "--parallel", "0"], "bad setting parallel"),  # read into the typed start request first
     (["verify", "--draft-max", "99"], "bad setting draft_max"),
+    (["serve", "--tbt-budget", "0.8"], "tbt_budget is a multiple of the answers' time alone"),
     (["plan", "--vram", "abc"], "'abc' is not a size"),
 ])
 def test_a_setting_out_of_bounds_is_one_clear_line(tiny, args, needle):

@@ -1,7 +1,10 @@
 """Prompts as coding agents send them, through the scheduler with tiny models: a long prompt's
 evaluation goes a chunk at a time between other slots' work, a client that goes away stops it at the
 next chunk (what it evaluated stays reusable), a prompt the pool cannot hold yet waits for room
-instead of being refused, and a prefix shared with a busy slot is counted once."""
+instead of being refused, and a prefix shared with a busy slot is counted once. Beside answers being
+generated, decode goes first: a prompt takes only the time the answers' budget allows (and still
+advances), a greedy answer with speculation on is the same beside a prompt as alone, and `tbt_budget`
+0 puts prompts first as before."""
 
 from __future__ import annotations
 
@@ -12,6 +15,7 @@ from dataclasses import dataclass, field
 
 from support.live import wait_for
 
+from app.engine.drafters.model import ModelDrafter
 from app.engine.engine import Engine, Request, SpecParams
 from app.llama.context import Context, Model
 from app.llama.params import ModelParams
@@ -48,8 +52,33 @@ def client(name: str, log: list, p: list[int], max_tokens: int, **kw) -> Client:
                   name=name, log=log, **kw)
 
 
-def scheduler(tiny, n_ctx: int, on_step=None) -> Scheduler:
-    return Scheduler(Engine(Context(Model(tiny.target), params(n_ctx), 2), None, 2), max_queue=4, on_step=on_step)
+def scheduler(tiny, n_ctx: int, on_step=None, tbt_budget: float = 1.5, draft: bool = False) -> Scheduler:
+    drafter = ModelDrafter(Context(Model(tiny.draft), params(n_ctx), 2)) if draft else None
+    return Scheduler(Engine(Context(Model(tiny.target), params(n_ctx), 2), drafter, 2), max_queue=4, on_step=on_step,
+                     tbt_budget=tbt_budget)
+
+
+class Timed:
+    """The engine's prompt chunks and steps, each with when it began and what it took (the real
+    calls, timed as they pass)."""
+
+    def __init__(self, sched: Scheduler) -> None:
+        self.calls: list[tuple[str, float, float]] = []  # (what, began, seconds)
+        eng = sched.engine
+        for name, what in (("advance", "chunk"), ("step", "step")):
+            setattr(eng, name, self._timed(getattr(eng, name), what))
+
+    def _timed(self, call, what: str):
+        def timed(*a, **kw):
+            t = time.perf_counter()
+            try:
+                return call(*a, **kw)
+            finally:
+                self.calls.append((what, t, time.perf_counter() - t))
+        return timed
+
+    def between(self, start: float, end: float, what: str) -> list[float]:
+        return [d for w, t, d in self.calls if w == what and start <= t < end]
 
 
 def finished(log: list, name: str) -> bool:
@@ -71,9 +100,9 @@ def order(log: list) -> list[tuple[str, str]]:
 
 
 def test_a_short_prompt_is_answered_while_a_long_one_is_still_being_evaluated(tiny):
-    """Both queued at once: the long prompt takes 60 chunks, the short one one chunk, so the short
-    answer is whole long before the long prompt's first token (evaluated whole first, it would wait
-    behind all 60)."""
+    """Both queued at once: the long prompt takes 60 chunks or more (smaller ones beside the short
+    answer), the short one one chunk, so the short answer is whole long before the long prompt's first
+    token (evaluated whole first, it would wait behind all 60)."""
     log: list = []
     sched = scheduler(tiny, 4096)
     long, short = client("long", log, prompt(1900), 4, progress=True), client("short", log, prompt(12, 5), 4)
@@ -85,7 +114,8 @@ def test_a_short_prompt_is_answered_while_a_long_one_is_still_being_evaluated(ti
     steps = order(log)
     assert steps.index(("short", "done")) < steps.index(("long", "first")), steps
     progress = [e.processed for n, e in log if n == "long" and isinstance(e, Progress)]
-    assert progress == sorted(progress) and progress[:2] == [0, 32] and progress[-1] == 1900 and len(progress) == 61
+    assert progress == sorted(progress) and progress[:2] == [0, 32] and progress[-1] == 1900
+    assert len(progress) >= 61 and all(0 < b - a <= 32 for a, b in zip(progress[1:], progress[2:], strict=False))
     assert isinstance(log[-1][1], Done) and [n for n, e in log if isinstance(e, Done)] == ["short", "long"]
 
 
@@ -148,3 +178,73 @@ def test_a_prefix_shared_with_a_busy_slot_counts_once_so_the_resent_prompt_start
     assert steps.index(("resent", "done")) < steps.index(("agent", "done")), steps
     done = next(e for n, e in log if n == "resent" and isinstance(e, Done))
     assert done.record.reused_tokens == 600
+
+
+def test_beside_an_answer_a_prompt_takes_only_the_answers_budget_and_still_advances(tiny):
+    """An answer streams; a long prompt comes. While both run, the prompt's chunks take at most
+    (tbt_budget - 1) of the steps' time (plus the one chunk that may overdraw), and it advances."""
+    log: list = []
+    ends: list[float] = []
+    sched = scheduler(tiny, 4096, on_step=lambda rec: ends.append(time.perf_counter()) if rec.finish_reason else None)
+    timed = Timed(sched)
+    sched.submit(client("answer", log, prompt(12, 5), 200))
+    sched.start()
+    assert wait_for(lambda: any(n == "answer" for n, _ in log), 30, 0.001)
+    came = time.perf_counter()
+    sched.submit(client("long", log, prompt(1900), 4, progress=True))
+    assert wait_for(lambda: finished(log, "answer") and finished(log, "long"), 120, 0.01)
+    sched.stop(10)
+    assert order(log).index(("answer", "done")) < order(log).index(("long", "first"))
+    chunks, steps = timed.between(came, ends[0], "chunk"), timed.between(came, ends[0], "step")
+    assert steps and chunks, "the prompt starved while the answer streamed"
+    assert sum(chunks) <= 0.5 * sum(steps) + max(chunks) + 0.005, (sum(chunks), sum(steps), max(chunks))
+    assert not any(isinstance(e, Failed) for _, e in log)
+
+
+def test_prompts_first_still_gives_a_prompt_a_slice_between_every_step(tiny):
+    """`tbt_budget` 0 (prompts first): every loop gives the prompt a chunk before the answer's step."""
+    log: list = []
+    ends: list[float] = []
+    sched = scheduler(tiny, 4096, tbt_budget=0, on_step=lambda rec: ends.append(time.perf_counter()) if rec.finish_reason else None)
+    timed = Timed(sched)
+    sched.submit(client("answer", log, prompt(12, 5), 60))
+    sched.start()
+    assert wait_for(lambda: any(n == "answer" for n, _ in log), 30, 0.001)
+    came = time.perf_counter()
+    sched.submit(client("long", log, prompt(1900), 4))
+    assert wait_for(lambda: finished(log, "answer") and finished(log, "long"), 120, 0.01)
+    sched.stop(10)
+    chunks, steps = timed.between(came, ends[0], "chunk"), timed.between(came, ends[0], "step")
+    assert len(chunks) >= len(steps) - 1  # a chunk (about 0.5 s, or 64 tokens at least) each loop
+
+
+def test_a_greedy_answer_with_speculation_is_the_same_beside_a_prompt_as_alone(tiny):
+    spec = SpecParams(enabled=True, n_max=4)
+
+    def ask(name: str, log: list) -> Client:
+        return Client(Request(prompt=prompt(20, 9), max_tokens=80, speculative=spec), LOOP, time.monotonic() + 600,
+                      name=name, log=log)
+
+    alone_log: list = []
+    sched = scheduler(tiny, 4096, draft=True)
+    sched.submit(ask("alone", alone_log))
+    sched.start()
+    assert wait_for(lambda: finished(alone_log, "alone"), 60, 0.01)
+    sched.stop(10)
+    alone = next(e for _, e in alone_log if isinstance(e, Done)).record
+
+    log: list = []
+    sched = scheduler(tiny, 4096, draft=True)
+    timed = Timed(sched)
+    sched.submit(client("long", log, prompt(1900), 4, progress=True))
+    sched.start()
+    assert wait_for(lambda: any(isinstance(e, Progress) and e.processed > 0 for _, e in log), 30, 0.001)
+    sched.submit(ask("beside", log))
+    assert wait_for(lambda: finished(log, "beside") and finished(log, "long"), 120, 0.01)
+    sched.stop(10)
+    beside = next(e for n, e in log if n == "beside" and isinstance(e, Done)).record
+    assert beside.completion == alone.completion and beside.drafted > 0
+    progress = [e.processed for n, e in log if n == "long" and isinstance(e, Progress)]
+    first_step = next(t for w, t, _ in timed.calls if w == "step")
+    assert any(t > first_step for w, t, _ in timed.calls if w == "chunk")  # the prompt was read beside the answer
+    assert progress[-1] == 1900

@@ -5,12 +5,22 @@ Each loop, as llama-server's continuous batching does:
   so coding tools that resend the same file reuse it; else the one used longest ago, so the caches of
   other recent prompts stay for their next turn). A job whose prompt the pool cannot hold while the
   requests in flight hold theirs waits at the head of the queue until they end (never refused for it).
-- prefill: every prompt being evaluated gets one chunk, so a short prompt is not held behind a long
-  one: a slice of about PREFILL_SLICE seconds (at the measured rate, 64 tokens to n_ubatch), except
-  that where several prompts wait and no slot generates, the one with the fewest tokens left gets
-  n_ubatch tokens. Answers being streamed go on between the slices. A job
-  cancelled (client gone, time limit, the server stopping) stops between chunks, its evaluated part
-  kept as a reusable prefix;
+- prefill: while no slot generates, every prompt being evaluated gets one chunk, so a short prompt
+  is not held behind a long one: a slice of about PREFILL_SLICE seconds (at the measured rate, 64
+  tokens to n_ubatch), except that where several prompts wait the one with the fewest tokens left
+  gets n_ubatch tokens. While answers stream, decode goes first (Sarathi-Serve's stall-free
+  batching, done here between steps): the prompt with the fewest tokens left gets the time the
+  answers may lose, `tbt_budget - 1` times each step's time, credited step by step; its chunk is
+  sized to cost about CHUNK_STEPS steps from what its last chunk cost (each prompt its own: a short
+  prompt at depth 0 is cheap per token, a long one at 16K is not), and runs once the steps have
+  earned it (a chunk of a few tokens costs about a step on a CPU, where it reads every weight as a
+  step does: chunks of several steps keep the prompt's evaluation efficient). A prompt whose rest
+  fits one chunk goes at once. On average the answers' time between tokens stays within
+  `tbt_budget` of their time alone, and the prompt advances at (tbt_budget - 1) / tbt_budget of the
+  engine's time meanwhile.
+  `tbt_budget` 0: prompts first (the slices above between steps). A job cancelled (client gone,
+  time limit, the server stopping) stops between chunks, its evaluated part kept as a reusable
+  prefix;
 - step: one batched step for every slot that is generating, each slot's record handed to its job.
 A cancelled job frees its slot at the next boundary, where the cache is consistent.
 
@@ -45,6 +55,8 @@ class ShuttingDown(SpecdeckError):
 
 SHUTTING_DOWN = "the server is shutting down; retry once it is back"
 PREFILL_SLICE = 0.5  # seconds of prompt evaluation per loop for a prompt sharing the engine with others
+TBT_BUDGET = 1.5  # while a prompt is read, answers' time between tokens may grow to this multiple of their time alone
+CHUNK_STEPS = 4  # a prompt's chunk beside answers costs about this many steps (the credit spreads it)
 SLICE_MIN = 64  # tokens: smaller chunks cost more per token on a CPU (32: 6% more than 512 here; 64: the same)
 
 
@@ -113,6 +125,7 @@ class Job:
     quiet: bool = False
     progress: bool = False  # send a Progress event after each chunk of the prompt
     prefill: Prefill | None = None  # the prompt's evaluation, while it runs
+    chunk: int = 0  # tokens of its prompt's next chunk beside answers (sized to the budget; 0: not yet measured)
     usage: object | None = None  # the HTTP request's audit.Usage: finished() adds this job's tokens
 
     def whereabouts(self) -> str:
@@ -133,7 +146,8 @@ class Job:
 
 
 class Scheduler:
-    def __init__(self, engine: Engine, max_queue: int = 16, on_step=None, on_done=None, on_prompt=None) -> None:
+    def __init__(self, engine: Engine, max_queue: int = 16, on_step=None, on_done=None, on_prompt=None,
+                 tbt_budget: float = TBT_BUDGET) -> None:
         self.engine = engine
         self.max_queue = max_queue
         self.queue: collections.deque[Job] = collections.deque()
@@ -149,6 +163,9 @@ class Scheduler:
         self.last_used: dict[int, float] = {}  # slot id -> when its last request ended
         self.stopping = False  # set by wind_down: nothing new starts, what runs ends at its next step
         self.eval_rate: float | None = None  # seconds per prompt token, as the last chunk took
+        self.tbt_budget = tbt_budget  # answers' time between tokens beside a prompt, times their time alone (0: prompts first)
+        self.step_time: float | None = None  # a decode step's seconds (moving average)
+        self.credit = 0.0  # seconds of prompt evaluation the answers' steps have allowed and no chunk has used
 
     # -- API for handlers ------------------------------------------------------------------
 
@@ -243,24 +260,37 @@ class Scheduler:
             else:
                 self.queue.appendleft(job)
 
+    def _decode_first(self) -> bool:
+        """Answers are streaming and the budget is on: the prompts get only the time it allows."""
+        return self.tbt_budget > 0 and bool(self.active) and self.step_time is not None
+
     def _prefill(self) -> None:
-        """One chunk of every prompt being evaluated, fewest tokens left first; a prompt whose job was
-        cancelled, or ran out of time, or whose server stops, stops here with what it evaluated kept."""
+        """One chunk of every prompt being evaluated, fewest tokens left first (beside answers: of
+        the first, and only when the steps have earned its time); a prompt whose job was cancelled,
+        or ran out of time, or whose server stops, stops here with what it evaluated kept."""
         jobs = sorted(self.starting.values(), key=lambda j: j.prefill.left)
+        beside = self._decode_first()
         for i, job in enumerate(jobs):
             p = job.prefill
             assert p is not None and job.slot is not None
             if self.stopping or job.cancelled.is_set() or time.monotonic() > job.deadline:
                 self._stop_prefill(job, self.engine.abandon(p))
                 continue
+            if beside and (i > 0 or (self.credit <= 0 and p.left > self._budget_chunk(job))):
+                continue  # the answers' next step first (a prompt whose rest is one chunk goes: its answer starts)
             done, t = p.done, time.perf_counter()
+            n = self._budget_chunk(job) if beside else self._chunk(ahead=i == 0 and len(jobs) > 1 and not self.active)
             try:
-                rec = self.engine.advance(p, self._chunk(ahead=i == 0 and len(jobs) > 1 and not self.active))
+                rec = self.engine.advance(p, n)
             except Exception as e:  # noqa: BLE001 - a failed request must not stop the server
                 self._stop_prefill(job, e)
                 continue
+            took = time.perf_counter() - t
+            if beside:
+                self.credit -= took
+                self._size_chunk(job, p.done - done, took)
             if p.done > done:
-                self.eval_rate = (time.perf_counter() - t) / (p.done - done)
+                self.eval_rate = took / (p.done - done)
                 self.on_prompt(p.done - done)
             if job.progress:
                 job.send(Progress.of(p))
@@ -284,6 +314,28 @@ class Scheduler:
         if self.eval_rate is None:
             return least
         return max(least, min(full, int(PREFILL_SLICE / self.eval_rate)))
+
+    def _chunk_time(self) -> float:
+        """What a chunk beside answers should cost: CHUNK_STEPS steps' time. A chunk of a few tokens
+        costs about a step on a CPU (it reads every weight, as a step does): one of several steps'
+        time is mostly prompt, and the credit spreads it over the steps that earn it."""
+        return CHUNK_STEPS * (self.step_time or 0.0)
+
+    def _budget_chunk(self, job: Job) -> int:
+        """Tokens of a prompt's chunk beside answers: sized from what its last one cost, or, for its
+        first, from the last chunk's rate (one token where nothing was measured yet)."""
+        if job.chunk:
+            return job.chunk
+        return max(1, min(self.engine.target.params.n_ubatch, int(self._chunk_time() / self.eval_rate))) if self.eval_rate else 1
+
+    def _size_chunk(self, job: Job, n: int, took: float) -> None:
+        """The next chunk: as many tokens as its cost target holds at this chunk's cost (a chunk's cost
+        grows with its tokens, so this settles where a chunk costs the target), moved at most 2x a time."""
+        target = self._chunk_time()
+        if n <= 0 or took <= 0 or target <= 0:
+            return
+        want = n * target / took
+        job.chunk = max(1, min(self.engine.target.params.n_ubatch, int(min(2 * n, max(n / 2, want)))))
 
     def _stop_prefill(self, job: Job, e: Exception) -> None:
         self.starting.pop(job.slot.id, None)
@@ -349,6 +401,7 @@ class Scheduler:
 
     def _step(self) -> None:
         jobs = list(self.active.values())
+        t = time.perf_counter()
         try:
             records = self.engine.step([j.slot for j in jobs])
         except DecodeError as e:  # llama.cpp refused the batch (KV pool full, out of memory): fail these, go on
@@ -361,6 +414,17 @@ class Scheduler:
                 j.send(Failed(f"generation failed: {e}"))
                 self._close(j, "error")
             return
+        self._stepped(time.perf_counter() - t)
         by_slot = {r.slot: r for r in records}
         for j in jobs:
             self._deliver(j, by_slot[j.slot.id])
+
+    def _stepped(self, took: float) -> None:
+        """A step's time: its moving average, and the prompts' credit (none kept past one chunk's worth
+        once no prompt waits, so a prompt that comes later does not get a burst)."""
+        self.step_time = took if self.step_time is None else 0.8 * self.step_time + 0.2 * took
+        if self.tbt_budget > 0:
+            share = (self.tbt_budget - 1) * took
+            self.credit += share
+            if not self.starting:
+                self.credit = min(self.credit, share)

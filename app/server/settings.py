@@ -30,6 +30,10 @@ class ServeSettings(BaseSettings):
                                     json_schema_extra={"flag": "--cors-origin"})
     max_queue: int = Field(16, ge=0, description="queued requests beyond the busy slots before 429")
     request_timeout: float = Field(600.0, gt=0, description="wall-clock limit per request, seconds")
+    tbt_budget: float = Field(1.5, ge=0, description="while a prompt is read beside answers being generated, the answers' "
+                              "time between tokens may grow to this multiple of their time alone: decode goes first and "
+                              "the prompt gets the time left (the prompt advances at (B - 1) / B of the engine's time "
+                              "meanwhile); 0: prompts first (a slice of about 0.5 s of prompt between steps)")
     max_tokens: int = Field(4096, ge=1, description="cap on max_tokens per request")
     temperature: float | None = Field(None, ge=0.0, le=2.0, json_schema_extra={"flag": "--temp"},
                                       description="sampling temperature of a request that sets none (llama-server's "
@@ -102,6 +106,14 @@ class ServeSettings(BaseSettings):
             return parse_duration(v)
         except SpecdeckError as e:
             raise ValueError(e.message) from None
+
+    @field_validator("tbt_budget")
+    @classmethod
+    def _budget_is_off_or_past_one(cls, v: float) -> float:
+        if 0 < v <= 1:
+            raise ValueError("tbt_budget is a multiple of the answers' time alone: above 1 (1.5: half as much more), "
+                             "or 0 for prompts first")
+        return v
 
     @field_validator("pins")
     @classmethod

@@ -1,0 +1,153 @@
+#!/usr/bin/env python3
+"""Answers beside a long prompt: a 32-token completion and a 256-token answer (streamed, greedy),
+each alone and while a long prompt is evaluated, and the long prompt alone and beside them, for
+`specdeck serve` with decode first (its default, `--tbt-budget 1.5`) and with prompts first
+(`--tbt-budget 0`, the behaviour before), and llama-server `-np 4` where it is built.
+
+    python scripts/stall_free.py [--preset coder-1.5b] [--long 16384] [--rounds 4] [--no-anchor] [--json]
+
+Rounds go decode-first, prompts-first, prompts-first, decode-first (ABBA; llama-server after
+them): each starts its server alone (never two llama.cpp processes at once), measures, stops it.
+A round, on `/completion` with token ids, each long prompt new (its own words: no cache holds any
+of it): two short prompts read once, then the completion alone (TTFT and total) and the answer
+alone, each a resent prompt; the long prompt alone (to its one token); then another long prompt,
+and once its first progress chunk shows it is being read, the completion and then the answer again
+(their TTFT and totals beside it; their text against alone's), and the long prompt's time beside. What the issue asks: completion total beside / alone <= 1.5 by default; the long
+prompt's time beside <= its time alone + the answers' time alone, +5 %. Medians with min-max over
+the rounds; loopback only; stops by itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import httpx
+from prefill_fairness import LongPrompt, ids, start, stop
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from app.commands.anchors import find_llama_server  # noqa: E402
+from app.models.catalog import load_catalog  # noqa: E402
+from app.models.fetch import Fetcher  # noqa: E402
+from app.settings import hub_settings, paths  # noqa: E402
+
+SHORT = 64  # tokens of the completion's and the answer's prompts
+
+
+def stream(url: str, prompt: list[int], n: int) -> dict:
+    """A greedy streamed /completion: its TTFT, total seconds and tokens."""
+    t = time.perf_counter()
+    first, tokens, text = None, 0, []
+    body = {"prompt": prompt, "n_predict": n, "temperature": 0, "stream": True, "cache_prompt": True}
+    with httpx.stream("POST", url + "/completion", json=body, timeout=3600) as r:
+        if r.status_code != 200:
+            raise SystemExit(f"{url}: refused: {r.status_code} {r.read().decode()[:300]}")
+        for line in r.iter_lines():
+            if not line.startswith("data: {"):
+                continue
+            chunk = json.loads(line[6:])
+            if chunk.get("content"):
+                first = first or time.perf_counter() - t
+                tokens += 1
+                text.append(chunk["content"])
+    return {"ttft_s": first, "total_s": time.perf_counter() - t, "tokens": tokens, "text": "".join(text)}
+
+
+def long_alone(url: str, prompt: list[int]) -> float:
+    t = time.perf_counter()
+    r = httpx.post(url + "/completion", json={"prompt": prompt, "n_predict": 1, "temperature": 0}, timeout=7200)
+    if r.status_code != 200:
+        raise SystemExit(f"{url}: the long prompt was refused: {r.status_code} {r.text[:300]}")
+    return time.perf_counter() - t
+
+
+def measure(url: str, seed: int, long_n: int) -> dict:
+    short_a, short_b = ids(url, SHORT, seed), ids(url, SHORT, seed + 1)
+    for p in (short_a, short_b):  # read once: alone and beside, each is then a prompt resent (cached alike)
+        stream(url, p, 1)
+    completion = stream(url, short_a, 32)
+    answer = stream(url, short_b, 256)
+    alone_long = long_alone(url, ids(url, long_n, seed + 2))
+    lp = LongPrompt(url, ids(url, long_n, seed + 3))
+    t0 = time.perf_counter()
+    lp.evaluating.wait(3600)
+    if lp.error or not lp.progress:
+        raise SystemExit(f"{url}: the long prompt was refused or sent no progress: {lp.error}")
+    completion_b = stream(url, short_a, 32)
+    answer_b = stream(url, short_b, 256)
+    lp.thread.join(7200)
+    beside_long = time.perf_counter() - t0
+    lp.close()
+    return {"completion_alone": completion, "completion_beside": completion_b, "answer_alone": answer,
+            "answer_beside": answer_b, "long_alone_s": alone_long, "long_beside_s": beside_long,
+            "same_text": completion["text"] == completion_b["text"] and answer["text"] == answer_b["text"]}
+
+
+def spread(xs: list[float], fmt: str = "{:.2f}") -> str:
+    return f"{fmt.format(statistics.median(xs))} ({fmt.format(min(xs))}-{fmt.format(max(xs))})"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--preset", default="coder-1.5b")
+    ap.add_argument("--long", type=int, default=16384, help="tokens of the long prompt (default 16,384)")
+    ap.add_argument("--rounds", type=int, default=4, help="rounds of specdeck, ABBA over decode-first and prompts-first")
+    ap.add_argument("--threads", type=int, default=os.cpu_count() or 2)
+    ap.add_argument("--no-anchor", action="store_true", help="leave llama-server out")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    ctx = args.long + 2048
+    base = [sys.executable, "-m", "app.cli", "serve", args.preset, "--parallel", "4", "--ctx", str(ctx),
+            "--threads", str(args.threads), "--flash-attn", "off"]
+    commands = {"decode_first": base + ["--tbt-budget", "1.5"], "prompts_first": base + ["--tbt-budget", "0"]}
+    order = [("decode_first", "prompts_first")[(i + i // 2) % 2] for i in range(args.rounds)]
+    server = None if args.no_anchor else find_llama_server()
+    if server is not None:
+        catalog = load_catalog()
+        target = Fetcher(paths(), hub_settings(), __import__("rich.console").console.Console(quiet=True)).existing(
+            catalog.model(catalog.preset(args.preset).target)).path
+        commands["llama_server_np4"] = [str(server), "-m", str(target), "--host", "127.0.0.1", "-np", "4", "-kvu",
+                                        "-c", str(ctx), "-t", str(args.threads), "-tb", str(args.threads), "-fa", "off"]
+        order += ["llama_server_np4"] * 2
+    rounds: dict[str, list[dict]] = {name: [] for name in commands}
+    for i, name in enumerate(order):
+        url, proc = start(commands[name])
+        try:
+            rounds[name].append(measure(url, 1000 * (i + 1), args.long))
+        finally:
+            stop(proc)
+        r = rounds[name][-1]
+        print(f"round {i + 1} {name}: completion {r['completion_alone']['total_s']:.1f} s alone, "
+              f"{r['completion_beside']['total_s']:.1f} s beside; answer {r['answer_alone']['total_s']:.1f} / "
+              f"{r['answer_beside']['total_s']:.1f} s; long {r['long_alone_s']:.0f} / {r['long_beside_s']:.0f} s",
+              file=sys.stderr)
+    if args.json:
+        print(json.dumps({"long_tokens": args.long, "rounds": rounds}, indent=2))
+        return 0
+    print(f"long prompt {args.long:,} tokens, completion 32 tokens, answer 256 tokens ({SHORT}-token prompts), "
+          f"seconds: median (min-max) over the rounds")
+    for name, rs in rounds.items():
+        c = [r["completion_beside"]["total_s"] / r["completion_alone"]["total_s"] for r in rs]
+        a = [r["answer_beside"]["total_s"] / r["answer_alone"]["total_s"] for r in rs]
+        ct = [r["completion_beside"]["ttft_s"] / r["completion_alone"]["ttft_s"] for r in rs]
+        lost = [(r["long_beside_s"] - r["long_alone_s"]) / (r["completion_alone"]["total_s"] + r["answer_alone"]["total_s"])
+                for r in rs]
+        budget = [r["long_beside_s"] / (r["long_alone_s"] + r["completion_alone"]["total_s"] + r["answer_alone"]["total_s"])
+                  for r in rs]
+        print(f"{name} ({len(rs)} rounds): completion total beside / alone {spread(c)} (TTFT {spread(ct)}); "
+              f"answer {spread(a)}; long prompt alone {spread([r['long_alone_s'] for r in rs], '{:.0f}')} s, "
+              f"beside {spread([r['long_beside_s'] for r in rs], '{:.0f}')} s: lost / the answers' time alone "
+              f"{spread(lost)}, beside / (alone + answers) {spread(budget, '{:.3f}')}; "
+              f"same text beside as alone: {sum(r['same_text'] for r in rs)} of {len(rs)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
