@@ -118,6 +118,28 @@ def test_custom_resources_validate_against_their_crd_schemas(home, keys):
     assert bad.returncode == 1 and "minReplicaCount must be integer" in bad.stdout
 
 
+def test_the_inference_pool_validates_against_the_inference_extensions_crd(home, keys):
+    """The InferencePool against the openAPIV3Schema of the Gateway API Inference Extension's own CRD
+    (tests/support/crd/inferencepool-crd.yaml, pinned with its commit and licence: no package on
+    PyPI or npm carries it), with jsonschema; its CEL rules (x-kubernetes-validations) are the API
+    server's and are not run here."""
+    import jsonschema
+
+    crd = yaml.safe_load((ROOT / "tests" / "support" / "crd" / "inferencepool-crd.yaml").read_text())
+    r = kube("coder-1.5b", "--image", IMAGE, "--api-key-file", str(keys), "--ram", "8GiB", "--offline", env=home)
+    pool = next(o for o in yaml.safe_load_all(r.stdout) if o and o["kind"] == "InferencePool")
+    group, version = pool["apiVersion"].split("/")
+    assert crd["spec"]["group"] == group and crd["spec"]["names"]["kind"] == "InferencePool"
+    schema = next(v for v in crd["spec"]["versions"] if v["name"] == version)["schema"]["openAPIV3Schema"]
+    jsonschema.validate(pool, schema)
+    deployment = next(o for o in yaml.safe_load_all(r.stdout) if o and o["kind"] == "Deployment")
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert pool["spec"]["selector"]["matchLabels"].items() <= labels.items()  # it selects specdeck's pods
+    bad = {**pool, "spec": {**pool["spec"], "targetPorts": [{"number": "eight thousand"}]}}  # the schema can fail
+    with pytest.raises(jsonschema.ValidationError, match="is not of type 'integer'"):
+        jsonschema.validate(bad, schema)
+
+
 def test_several_models_and_a_card_preset(home, keys):
     r = kube("--model", "chat=coder-1.5b", "--model", "small=gemma3-270m-q4_k_m", "--image", IMAGE,
              "--api-key-file", str(keys), "--ram", "8GiB", "--offline", env=home)
