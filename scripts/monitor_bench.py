@@ -13,18 +13,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import httpx
 import psutil
-from ui_bench import LAUNCH, cpu, free_port, spread, straight
+from ui_bench import LAUNCH, cpu, own_server, spread, straight
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -110,28 +107,7 @@ def main() -> int:
     ap.add_argument("--idle", type=float, default=20.0, help="quiet seconds measured after each answer")
     args = ap.parse_args()
     ring_figures()
-    port = free_port()
-    cache = Path(os.environ.get("SPECDECK_HOME") or Path.home() / ".cache" / "specdeck")
-    home = tempfile.mkdtemp(prefix="specdeck-monitor-bench-")
-    for name in ("models", "verified.json", "headers"):
-        if (cache / name).exists():
-            os.symlink(cache / name, Path(home) / name)
-    env = {**os.environ, "SPECDECK_HOME": home}
-    server = subprocess.Popen([sys.executable, "-m", "app.cli", "serve", args.preset, "--port", str(port),
-                               "--ctx", "4096", "--parallel", "1"], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        for _ in range(600):
-            try:
-                if httpx.get(url + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
-        else:
-            raise SystemExit("the server did not become healthy")
-        proc = psutil.Process(server.pid)
+    with own_server(args.preset) as (url, proc):
         page_size(url)
         with httpx.Client(base_url=url, timeout=600) as c:
             straight(c, args.tokens)  # warm: the prompt cached alike for both
@@ -152,10 +128,6 @@ def main() -> int:
                   f"three - none {spread([y - x for x, y in zip(a, b, strict=True)])}")
         quiet = [x[2] / args.idle * 100 for x in got["none"]]
         print(f"the server at rest with no page (its sampler writing a row a second): {statistics.median(quiet):.2f} % of one core")
-    finally:
-        server.terminate()
-        server.wait(30)
-        shutil.rmtree(home, ignore_errors=True)
     return 0
 
 

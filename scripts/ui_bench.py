@@ -12,6 +12,7 @@ It starts its own `specdeck serve` on a free loopback port (run nothing else bes
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -45,6 +46,37 @@ def cpu(p: psutil.Process) -> float:
 
 def spread(xs: list[float], unit: str = "", digits: int = 3) -> str:
     return f"{statistics.median(xs):.{digits}f}{unit} ({min(xs):.{digits}f}-{max(xs):.{digits}f})"
+
+
+@contextlib.contextmanager
+def own_server(preset: str):
+    """`specdeck serve PRESET` on a free loopback port, once healthy: (its URL, its process). Its home
+    is a folder of its own (its conversations apart from yours) with the usual home's pulled models."""
+    port = free_port()
+    cache = Path(os.environ.get("SPECDECK_HOME") or Path.home() / ".cache" / "specdeck")
+    home = tempfile.mkdtemp(prefix="specdeck-bench-")
+    for name in ("models", "verified.json", "headers"):
+        if (cache / name).exists():
+            os.symlink(cache / name, Path(home) / name)
+    server = subprocess.Popen([sys.executable, "-m", "app.cli", "serve", preset, "--port", str(port), "--ctx", "4096",
+                               "--parallel", "1"], cwd=ROOT, env={**os.environ, "SPECDECK_HOME": home},
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(600):
+            try:
+                if httpx.get(url + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        else:
+            raise SystemExit("the server did not become healthy")
+        yield url, psutil.Process(server.pid)
+    finally:
+        server.terminate()
+        server.wait(30)
+        shutil.rmtree(home, ignore_errors=True)
 
 
 def page_loads(url: str, n: int) -> tuple[int, list[float], list[float], list[str]]:
@@ -102,29 +134,7 @@ def main() -> int:
     ap.add_argument("--loads", type=int, default=9, help="cold page loads")
     ap.add_argument("--tokens", type=int, default=64)
     args = ap.parse_args()
-    port = free_port()
-    # a home of its own (its conversations apart from yours), with the pulled models of the usual one
-    cache = Path(os.environ.get("SPECDECK_HOME") or Path.home() / ".cache" / "specdeck")
-    home = tempfile.mkdtemp(prefix="specdeck-ui-bench-")
-    for name in ("models", "verified.json", "headers"):
-        if (cache / name).exists():
-            os.symlink(cache / name, Path(home) / name)
-    env = {**os.environ, "SPECDECK_HOME": home}
-    server = subprocess.Popen([sys.executable, "-m", "app.cli", "serve", args.preset, "--port", str(port),
-                               "--ctx", "4096", "--parallel", "1"], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        for _ in range(600):
-            try:
-                if httpx.get(url + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
-        else:
-            raise SystemExit("the server did not become healthy")
-        proc = psutil.Process(server.pid)
+    with own_server(args.preset) as (url, proc):
         total, loaded, ready, urls = page_loads(url, args.loads)
         print(f"page: {total:,} bytes in {len(urls)} responses ({', '.join(u.replace(url, '') for u in urls)})")
         print(f"cold load to the load event: {spread(loaded, ' s')}; to the model list filled: {spread(ready, ' s')}")
@@ -144,10 +154,6 @@ def main() -> int:
               f"straight {spread(costs['straight'])}; page / straight {spread(ratio, 'x', 3)}")
         print(f"wall seconds: page {spread(walls['page'])}, straight {spread(walls['straight'])}; "
               f"page / straight {spread(wall, 'x', 3)}")
-    finally:
-        server.terminate()
-        server.wait(30)
-        shutil.rmtree(home, ignore_errors=True)
     return 0
 
 

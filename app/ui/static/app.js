@@ -558,20 +558,8 @@ async function follow(mid) {
     for (let tries = 0; tries < 1000; tries++) {
       try {
         const r = await api("/ui/api/messages/" + mid + "/events", { signal: ctl.signal });
-        const reader = r.body.getReader();
-        const decoder = new TextDecoder();
-        let buf = "", last = null;
-        for (;;) {
-          const { value, done } = await reader.read();
-          if (done) break;
-          buf += decoder.decode(value, { stream: true });
-          const events = buf.split("\n\n");
-          buf = events.pop();
-          for (const ev of events) {
-            const line = ev.split("\n").find((l) => l.startsWith("data: "));
-            if (line) { last = JSON.parse(line.slice(6)); showSnapshot(last); }
-          }
-        }
+        let last = null;
+        await readEvents(r, (snaps) => { for (const snap of snaps) { last = snap; showSnapshot(snap); } });
         if (last && last.state !== "streaming") return;
       } catch (e) {
         if (ctl.signal.aborted || e instanceof Refused) return;
@@ -581,6 +569,27 @@ async function follow(mid) {
   } finally {
     state.following.delete(mid);
     if (state.current && ![...state.following.keys()].length) busy(false);
+  }
+}
+
+// A server-sent event stream's data, read to its end: `onBatch` gets the events each read brought
+// (parsed JSON, in order).
+async function readEvents(response, onBatch) {
+  const reader = response.body.getReader();
+  const decoder = new TextDecoder();
+  let buf = "";
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) return;
+    buf += decoder.decode(value, { stream: true });
+    const events = buf.split("\n\n");
+    buf = events.pop();
+    const batch = [];
+    for (const ev of events) {
+      const line = ev.split("\n").find((l) => l.startsWith("data: "));
+      if (line) batch.push(JSON.parse(line.slice(6)));
+    }
+    if (batch.length) onBatch(batch);
   }
 }
 

@@ -1,7 +1,7 @@
 // specdeck's monitor (/ui/monitor): the server's last hour from /ui/api/series, then each new second
 // from /ui/api/live, drawn with uPlot. The page computes no figure: it plots the server's columns as
 // they come (bytes are shown as GiB by the axes; the data stay the server's). Uses app.js's api(),
-// sleep() and banner() (same page, same key).
+// readEvents(), sleep() and banner() (same page, same key).
 "use strict";
 
 const MON = {
@@ -194,22 +194,11 @@ async function followLive() {
       const since = MON.cols.t.length ? MON.cols.t[MON.cols.t.length - 1] : 0;
       const r = await api("/ui/api/live?model=" + encodeURIComponent(MON.model) + "&since=" + since, { signal: ctl.signal });
       setMonConn("");
-      const reader = r.body.getReader();
-      const decoder = new TextDecoder();
-      let buf = "";
-      for (;;) {
-        const { value, done } = await reader.read();
-        if (done) break;
-        buf += decoder.decode(value, { stream: true });
-        const events = buf.split("\n\n");
-        buf = events.pop();
+      await readEvents(r, (rows) => {
         let rebuilt = false;
-        for (const ev of events) {
-          const line = ev.split("\n").find((l) => l.startsWith("data: "));
-          if (line) rebuilt = addRow(JSON.parse(line.slice(6))) || rebuilt;
-        }
+        for (const row of rows) rebuilt = addRow(row) || rebuilt;
         if (rebuilt) buildCharts(); else refreshCharts();
-      }
+      });
     } catch (e) {
       if (ctl.signal.aborted || e instanceof Refused) return;
     }
