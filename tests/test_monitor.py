@@ -191,6 +191,10 @@ def test_the_series_adds_up_to_the_servers_counters(server):
     assert cols["ttft_p50_seconds"][-1] is not None and cols["ttft_p50_seconds"][-1] <= cols["ttft_p95_seconds"][-1]
     status = httpx.get(url + "/v1/status").json()
     assert status["counts"]["generated"] == generated and "drafters" in status
+    # the time between an answer's steps: in the status, /metrics and the series alike
+    assert 0 < status["tbt_s_p50"] <= status["tbt_s_p95"]
+    assert metric(url, "specdeck_time_between_tokens_seconds", quantile="0.95") == status["tbt_s_p95"]
+    assert cols["tbt_p50_seconds"][-1] is not None
 
 
 def test_series_reads_a_field_a_model_and_a_time(server):

@@ -101,10 +101,13 @@ def create_front(settings: ServeSettings, fleet: Fleet) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        """The monitor's sampler runs while the server serves (never for an app that is only built)."""
-        sampler.start()
+        """The monitor's sampler runs while the server serves (never for an app that is only built,
+        nor with the page off: nothing reads its history then)."""
+        if settings.ui:
+            sampler.start()
         yield
-        sampler.stop()
+        if settings.ui:
+            sampler.stop()
 
     app = FastAPI(title="specdeck", version=__version__, description="OpenAI-compatible API over speculative llama.cpp engines",
                   lifespan=lifespan)
