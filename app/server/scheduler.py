@@ -269,13 +269,13 @@ class Scheduler:
         the first, and only when the steps have earned its time); a prompt whose job was cancelled,
         or ran out of time, or whose server stops, stops here with what it evaluated kept."""
         jobs = sorted(self.starting.values(), key=lambda j: j.prefill.left)
-        beside = self._decode_first()
         for i, job in enumerate(jobs):
             p = job.prefill
             assert p is not None and job.slot is not None
             if self.stopping or job.cancelled.is_set() or time.monotonic() > job.deadline:
                 self._stop_prefill(job, self.engine.abandon(p))
                 continue
+            beside = self._decode_first()  # asked for each: a prompt finished just before starts an answer
             if beside and (i > 0 or (self.credit <= 0 and p.left > self._budget_chunk(job))):
                 continue  # the answers' next step first (a prompt whose rest is one chunk goes: its answer starts)
             done, t = p.done, time.perf_counter()
