@@ -66,20 +66,24 @@ open(init_path, "w").write(yaml.safe_dump(init, sort_keys=False))
 open(dep_path, "w").write(yaml.safe_dump(dep, sort_keys=False))
 PY
 # podman 4.3 writes a Secret volume's files still base64-encoded (Kubernetes decodes them): here the
-# keys go in a ConfigMap of the same name and the pod mounts that instead (the Secret is still played)
-"$VPY" - "$WORK/k8s/secret-$NAME-keys.yaml" "$WORK/k8s/deployment-$NAME.yaml" "$WORK/k8s/configmap-$NAME-keys.yaml" <<'PY'
+# keys go in a ConfigMap of the same name and both pods mount that instead (the Secret is still
+# played with the Deployment; the init pod runs before it, so it must not name the Secret)
+"$VPY" - "$WORK/k8s/secret-$NAME-keys.yaml" "$WORK/k8s/configmap-$NAME-keys.yaml" "$WORK/k8s/deployment-$NAME.yaml" \
+  "$WORK/init.yaml" <<'PY'
 import base64, sys, yaml
-secret_path, dep_path, out = sys.argv[1:]
+secret_path, out, *pods = sys.argv[1:]
 s = yaml.safe_load(open(secret_path))
 cm = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": s["metadata"],
       "data": {k: base64.b64decode(v).decode() for k, v in s["data"].items()}}
 open(out, "w").write(yaml.safe_dump(cm, sort_keys=False))
-dep = yaml.safe_load(open(dep_path))
-for v in dep["spec"]["template"]["spec"]["volumes"]:
-    if "secret" in v:
-        v.pop("secret")
-        v["configMap"] = {"name": s["metadata"]["name"]}
-open(dep_path, "w").write(yaml.safe_dump(dep, sort_keys=False))
+for path in pods:
+    obj = yaml.safe_load(open(path))
+    spec = obj["spec"]["template"]["spec"] if obj["kind"] == "Deployment" else obj["spec"]
+    for v in spec["volumes"]:
+        if "secret" in v:
+            v.pop("secret")
+            v["configMap"] = {"name": s["metadata"]["name"]}
+    open(path, "w").write(yaml.safe_dump(obj, sort_keys=False))
 PY
 for kind in configmap-"$NAME"-config secret-"$NAME"-keys configmap-"$NAME"-keys deployment-"$NAME"; do
   printf -- '---\n'; cat "$WORK/k8s/$kind.yaml"
