@@ -110,12 +110,13 @@ GPU_FIGURES = {
 }
 
 
+NAMED_FIGURES = {"mean_accepted_length": "tokens", "context_tokens": "tokens"}  # only as "NAME:drafter" or ":slot"
+
+
 def unit_of(name: str) -> str:
+    """A column's unit, by its figure (the part before ":")."""
     base = name.split(":", 1)[0]
-    for table in (MODEL_FIGURES, HOST_FIGURES, GPU_FIGURES):
-        if base in table:
-            return table[base]
-    return {"acceptance_rate": "0-1", "mean_accepted_length": "tokens", "context_tokens": "tokens"}.get(base, "")
+    return {**MODEL_FIGURES, **HOST_FIGURES, **GPU_FIGURES, **NAMED_FIGURES}.get(base, "")
 
 
 class History:

@@ -237,8 +237,9 @@ def recent_tps(service: Service, window: float = 10.0) -> float:
     return n / window
 
 
-def refresh_gauges(service: Service, metrics: Metrics) -> list:
-    """Update the gauges; returns the GPUs it read (so callers need not ask NVML twice)."""
+def refresh_gauges(service: Service, metrics: Metrics, snap: dict | None = None) -> list:
+    """Update the gauges (`snap`: the live figures' snapshot where the caller has taken it); returns
+    the GPUs it read (so callers need not ask NVML twice)."""
     metrics.queue_depth.set(service.scheduler.queue_depth())
     metrics.busy_slots.set(service.scheduler.busy_slots())
     metrics.tokens_per_second.set(recent_tps(service))
@@ -257,7 +258,7 @@ def refresh_gauges(service: Service, metrics: Metrics) -> list:
                            (metrics.slot_head_acceptance, "recent_head_acceptance")):
             if live.get(key) is not None:
                 gauge.labels(str(s.id)).set(live[key])
-    snap = service.stats.snapshot()
+    snap = service.stats.snapshot() if snap is None else snap
     for q, key in (("0.5", "tbt_s_p50"), ("0.95", "tbt_s_p95")):
         if snap[key] is not None:
             metrics.tbt.labels(q).set(snap[key])
@@ -313,7 +314,8 @@ def machine_json(gpus, cpu_percent: float | None) -> dict:
 
 
 def status_json(service: Service, metrics: Metrics) -> dict:
-    gpus = refresh_gauges(service, metrics)
+    live = service.stats.snapshot()
+    gpus = refresh_gauges(service, metrics, live)
     eng = service.scheduler.engine
     slots = []
     for s in eng.slots:
@@ -336,7 +338,7 @@ def status_json(service: Service, metrics: Metrics) -> dict:
         "revision": service.revision, "fallback": service.fallback, "machine": service.machine,
         "model_digests": service.digests,
         "alerts": service.alerts.to_json() if service.alerts is not None else [],
-        **service.stats.snapshot(),
+        **live,
     }
 
 

@@ -42,7 +42,8 @@ class LiveStats:
         self.window, self.bucket, self.history, self.clock = window, bucket, history, clock
         self.lock = threading.Lock()
         self.started = clock()
-        self.steps: collections.deque[tuple[float, int, int, int, int]] = collections.deque()  # t, tokens, drafted, accepted, k
+        # t, tokens, drafted, accepted, k, whose draft (drafter_key)
+        self.steps: collections.deque[tuple[float, int, int, int, int, str]] = collections.deque()
         self.buckets: collections.OrderedDict[int, int] = collections.OrderedDict()  # bucket index -> tokens
         self.slot_last: dict[int, dict] = {}
         # each slot's steps in the window: t, tokens, drafted, accepted, whether the MTP head drafted
@@ -51,7 +52,6 @@ class LiveStats:
         self.last: dict | None = None  # the last finished request's timings
         self.ttfts: collections.deque[float] = collections.deque(maxlen=32)
         self.ttft_times: collections.deque[tuple[float, float]] = collections.deque()  # (when finished, ttft) in TTFT_WINDOW
-        self.drafts: collections.deque[tuple[float, str, int, int]] = collections.deque()  # t, drafter key, drafted, accepted
         # time between tokens: the gap between a slot's steps in one answer (a step may bring several tokens)
         self.slot_step_at: dict[int, float] = {}
         self.gaps: collections.deque[tuple[float, float]] = collections.deque()  # (t, seconds since the slot's previous step)
@@ -66,14 +66,12 @@ class LiveStats:
     def step(self, rec: StepRecord) -> None:
         now = self.clock()
         with self.lock:
-            self.steps.append((now, len(rec.tokens), rec.drafted, rec.accepted, rec.k))
+            self.steps.append((now, len(rec.tokens), rec.drafted, rec.accepted, rec.k, drafter_key(rec)))
             b = int((now - self.started) // self.bucket)
             self.buckets[b] = self.buckets.get(b, 0) + len(rec.tokens)
             self.slot_last[rec.slot] = {"k": rec.k, "drafter": rec.drafter, "drafted": rec.drafted, "accepted": rec.accepted}
             self.slot_steps.setdefault(rec.slot, collections.deque()).append(
                 (now, len(rec.tokens), rec.drafted, rec.accepted, rec.drafter == HEAD))
-            if rec.drafted:
-                self.drafts.append((now, drafter_key(rec), rec.drafted, rec.accepted))
             if rec.slot in self.slot_step_at:
                 self.gaps.append((now, now - self.slot_step_at[rec.slot]))
             if rec.finish_reason is None:
@@ -107,8 +105,6 @@ class LiveStats:
     def _prune(self, now: float) -> None:
         while self.steps and now - self.steps[0][0] > self.window:
             self.steps.popleft()
-        while self.drafts and now - self.drafts[0][0] > self.window:
-            self.drafts.popleft()
         while self.gaps and now - self.gaps[0][0] > self.window:
             self.gaps.popleft()
         while self.ttft_times and now - self.ttft_times[0][0] > TTFT_WINDOW:
@@ -159,7 +155,7 @@ class LiveStats:
             spark = [self.buckets.get(b, 0) / self.bucket for b in range(current - n, current) if b >= 0]
             ttfts, ptps, last, requests = list(self.ttfts), list(self.prompt_tps), self.last, self.requests
             recent_ttfts = [x for _, x in self.ttft_times]
-            drafts, counts = list(self.drafts), dict(self.counts)
+            counts = dict(self.counts)
             gaps = [g for _, g in self.gaps]
         tokens = sum(s[1] for s in steps)
         drafted = sum(s[2] for s in steps)
@@ -177,7 +173,7 @@ class LiveStats:
             "ttft_window_s": TTFT_WINDOW,
             "ttft_s_p50": percentile(recent_ttfts, 0.50),
             "ttft_s_p95": percentile(recent_ttfts, 0.95),
-            "drafters": by_drafter(drafts),
+            "drafters": by_drafter(steps),
             "tbt_s_p50": percentile(gaps, 0.50),  # time between tokens: between an answer's steps, last `window_s`
             "tbt_s_p95": percentile(gaps, 0.95),
             "counts": counts,
@@ -187,11 +183,14 @@ class LiveStats:
         }
 
 
-def by_drafter(drafts: list[tuple[float, str, int, int]]) -> dict[str, dict]:
-    """Each drafter's steps in the window: acceptance (accepted / drafted) and mean accepted length
-    (tokens a verify of its draft kept, the target's own token included: vLLM's mean acceptance length)."""
+def by_drafter(steps: list[tuple[float, int, int, int, int, str]]) -> dict[str, dict]:
+    """Each drafter's steps in the window (those it drafted for): acceptance (accepted / drafted) and
+    mean accepted length (tokens a verify of its draft kept, the target's own token included: vLLM's
+    mean acceptance length)."""
     out: dict[str, dict] = {}
-    for _, key, drafted, accepted in drafts:
+    for _, _, drafted, accepted, _, key in steps:
+        if not drafted:
+            continue
         d = out.setdefault(key, {"steps": 0, "drafted": 0, "accepted": 0})
         d["steps"] += 1
         d["drafted"] += drafted
