@@ -1,13 +1,17 @@
 #!/usr/bin/env python3
 """Answers beside a long prompt: a 32-token completion and a 256-token answer (streamed, greedy),
 each alone and while a long prompt is evaluated, and the long prompt alone and beside them, for
-`specdeck serve` with decode first (its default, `--tbt-budget 1.5`) and with prompts first
-(`--tbt-budget 0`, the behaviour before), and llama-server `-np 4` where it is built.
+`specdeck serve` in the modes asked (default: decode first, its default, `--tbt-budget 1.5` with
+`--mixed-batch auto`, and prompts first, `--tbt-budget 0`; `unmixed`: decode first with
+`--mixed-batch off`), and llama-server `-np 4` where it is built. `--f32-target` serves the preset's
+target rewritten as F32 (whose decode is memory-bound, as a card's is) with the same draft, and
+gives llama-server the same file.
 
-    python scripts/stall_free.py [--preset coder-1.5b] [--long 16384] [--rounds 4] [--no-anchor] [--json]
+    python scripts/stall_free.py [--preset coder-1.5b] [--long 16384] [--rounds 2] [--modes decode_first,prompts_first]
+                                 [--f32-target] [--no-anchor] [--json]
 
-Rounds go decode-first, prompts-first, prompts-first, decode-first (ABBA; llama-server after
-them): each starts its server alone (never two llama.cpp processes at once), measures, stops it.
+`--rounds` per mode, in ABBA order (A B, then B A, ...; llama-server after them): each starts its
+server alone (never two llama.cpp processes at once), measures, stops it.
 A round, on `/completion` with token ids, each long prompt new (its own words: no cache holds any
 of it): two short prompts read once, then the completion alone (TTFT and total) and the answer
 alone, each a resent prompt; the long prompt alone (to its one token); then another long prompt,
@@ -33,12 +37,26 @@ from prefill_fairness import LongPrompt, ids, start, stop
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from rich.console import Console  # noqa: E402
+
 from app.commands.anchors import find_llama_server  # noqa: E402
+from app.commands.standin import f32_standin  # noqa: E402
 from app.models.catalog import load_catalog  # noqa: E402
 from app.models.fetch import Fetcher  # noqa: E402
 from app.settings import hub_settings, paths  # noqa: E402
 
 SHORT = 64  # tokens of the completion's and the answer's prompts
+MODES = {"decode_first": ["--tbt-budget", "1.5", "--mixed-batch", "auto"],
+         "unmixed": ["--tbt-budget", "1.5", "--mixed-batch", "off"],
+         "prompts_first": ["--tbt-budget", "0"]}
+
+
+def pair(preset: str) -> tuple[Path, Path]:
+    """The preset's target and draft files, as `specdeck pull` left them."""
+    catalog = load_catalog()
+    fetcher = Fetcher(paths(), hub_settings(), Console(quiet=True))
+    p = catalog.preset(preset)
+    return fetcher.existing(catalog.model(p.target)).path, fetcher.existing(catalog.model(p.draft)).path
 
 
 def stream(url: str, prompt: list[int], n: int) -> dict:
@@ -98,29 +116,37 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--preset", default="coder-1.5b")
     ap.add_argument("--long", type=int, default=16384, help="tokens of the long prompt (default 16,384)")
-    ap.add_argument("--rounds", type=int, default=4, help="rounds of specdeck, ABBA over decode-first and prompts-first")
+    ap.add_argument("--rounds", type=int, default=2, help="rounds of each mode, in ABBA order")
+    ap.add_argument("--modes", default="decode_first,prompts_first", help=f"specdeck's modes, of {', '.join(MODES)}")
+    ap.add_argument("--f32-target", action="store_true", help="the target as F32 (a card's cost ratio on a CPU)")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 2)
     ap.add_argument("--no-anchor", action="store_true", help="leave llama-server out")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    if not modes or any(m not in MODES for m in modes):
+        raise SystemExit(f"--modes: a list of {', '.join(MODES)}")
     ctx = args.long + 2048
-    base = [sys.executable, "-m", "app.cli", "serve", args.preset, "--parallel", "4", "--ctx", str(ctx),
-            "--threads", str(args.threads), "--flash-attn", "off"]
-    commands = {"decode_first": base + ["--tbt-budget", "1.5"], "prompts_first": base + ["--tbt-budget", "0"]}
-    order = [("decode_first", "prompts_first")[(i + i // 2) % 2] for i in range(args.rounds)]
+    target, draft = pair(args.preset)
+    if args.f32_target:
+        fetcher = Fetcher(paths(), hub_settings(), Console(stderr=True))
+        target = f32_standin(target, fetcher.paths.store, fetcher.records, args.threads, say=print)
+    base = [sys.executable, "-m", "app.cli", "serve", "--target", str(target), "--draft", str(draft), "--parallel", "4",
+            "--ctx", str(ctx), "--threads", str(args.threads), "--flash-attn", "off"]
+    commands = {m: base + MODES[m] for m in modes}
+    order = [m for i in range(args.rounds) for m in (modes if i % 2 == 0 else modes[::-1])]
     server = None if args.no_anchor else find_llama_server()
     if server is not None:
-        catalog = load_catalog()
-        target = Fetcher(paths(), hub_settings(), __import__("rich.console").console.Console(quiet=True)).existing(
-            catalog.model(catalog.preset(args.preset).target)).path
         commands["llama_server_np4"] = [str(server), "-m", str(target), "--host", "127.0.0.1", "-np", "4", "-kvu",
                                         "-c", str(ctx), "-t", str(args.threads), "-tb", str(args.threads), "-fa", "off"]
-        order += ["llama_server_np4"] * 2
+        order += ["llama_server_np4"] * args.rounds
     rounds: dict[str, list[dict]] = {name: [] for name in commands}
     for i, name in enumerate(order):
         url, proc = start(commands[name])
         try:
             rounds[name].append(measure(url, 1000 * (i + 1), args.long))
+            if name in MODES:  # whether the answers' steps carried the prompt (the last try's verdict)
+                rounds[name][-1]["mixed_batch"] = httpx.get(url + "/v1/status", timeout=30).json().get("mixed_batch")
         finally:
             stop(proc)
         r = rounds[name][-1]
@@ -145,7 +171,8 @@ def main() -> int:
               f"answer {spread(a)}; long prompt alone {spread([r['long_alone_s'] for r in rs], '{:.0f}')} s, "
               f"beside {spread([r['long_beside_s'] for r in rs], '{:.0f}')} s: lost / the answers' time alone "
               f"{spread(lost)}, beside / (alone + answers) {spread(budget, '{:.3f}')}; "
-              f"same text beside as alone: {sum(r['same_text'] for r in rs)} of {len(rs)}")
+              f"same text beside as alone: {sum(r['same_text'] for r in rs)} of {len(rs)}"
+              + (f"; mixed batch paid: {[r['mixed_batch']['pays'] for r in rs]}" if name in MODES else ""))
     return 0
 
 

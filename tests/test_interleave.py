@@ -52,10 +52,12 @@ def client(name: str, log: list, p: list[int], max_tokens: int, **kw) -> Client:
                   name=name, log=log, **kw)
 
 
-def scheduler(tiny, n_ctx: int, on_step=None, tbt_budget: float = 1.5, draft: bool = False) -> Scheduler:
+def scheduler(tiny, n_ctx: int, on_step=None, tbt_budget: float = 1.5, draft: bool = False, mixed: str = "off") -> Scheduler:
+    """The tiny pair's scheduler; decode first between steps unless `mixed` says otherwise (a tiny
+    model's mixed batch costs about its verify alone, so "auto" would mix everywhere)."""
     drafter = ModelDrafter(Context(Model(tiny.draft), params(n_ctx), 2)) if draft else None
     return Scheduler(Engine(Context(Model(tiny.target), params(n_ctx), 2), drafter, 2), max_queue=4, on_step=on_step,
-                     tbt_budget=tbt_budget)
+                     tbt_budget=tbt_budget, mixed=mixed)
 
 
 class Timed:
@@ -248,3 +250,95 @@ def test_a_greedy_answer_with_speculation_is_the_same_beside_a_prompt_as_alone(t
     first_step = next(t for w, t, _ in timed.calls if w == "step")
     assert any(t > first_step for w, t, _ in timed.calls if w == "chunk")  # the prompt was read beside the answer
     assert progress[-1] == 1900
+
+
+class Rides:
+    """The engine's steps that carried a prompt's tokens (a mixed batch): how many tokens each."""
+
+    def __init__(self, sched: Scheduler) -> None:
+        self.tokens: list[int] = []
+        step = sched.engine.step
+
+        def counted(slots, ride=None):
+            if ride is not None:
+                self.tokens.append(ride[1])
+            return step(slots, ride)
+
+        sched.engine.step = counted
+
+
+def test_mixed_a_prompt_rides_in_the_answers_steps_and_answers_and_prompt_are_as_alone(tiny):
+    """`mixed` "on": the long prompt's tokens go in the answer's verify decodes. The greedy answer, with
+    speculation on and its drafts verified in those mixed batches, is the same as alone; so are the
+    prompt's own first tokens (its cache, built in mixed batches, is the one a prompt alone builds);
+    and the prompt advanced while the answer streamed."""
+    spec = SpecParams(enabled=True, n_max=4)
+
+    def ask(name: str, log: list) -> Client:
+        return Client(Request(prompt=prompt(20, 9), max_tokens=120, speculative=spec), LOOP, time.monotonic() + 600,
+                      name=name, log=log)
+
+    def long(log: list) -> Client:
+        return client("long", log, prompt(1200, 3), 6, progress=True)
+
+    alone_log: list = []
+    sched = scheduler(tiny, 4096, draft=True)
+    sched.submit(ask("alone", alone_log))
+    sched.submit(long(alone_log))
+    sched.start()
+    assert wait_for(lambda: finished(alone_log, "alone") and finished(alone_log, "long"), 60, 0.01)
+    sched.stop(10)
+    done = {n: e.record for n, e in alone_log if isinstance(e, Done)}
+
+    log: list = []
+    sched = scheduler(tiny, 4096, draft=True, mixed="on")
+    rides = Rides(sched)
+    sched.submit(ask("beside", log))
+    sched.start()
+    assert wait_for(lambda: any(n == "beside" for n, _ in log), 30, 0.001)
+    sched.submit(long(log))
+    assert wait_for(lambda: finished(log, "beside") and finished(log, "long"), 120, 0.01)
+    sched.stop(10)
+    beside = {n: e.record for n, e in log if isinstance(e, Done)}
+    assert beside["beside"].completion == done["alone"].completion and beside["beside"].drafted > 0
+    assert beside["long"].completion == done["long"].completion
+    assert len(rides.tokens) >= 3 and sum(rides.tokens) > 100, rides.tokens  # it rode, and grew past one token
+    progress = [e.processed for n, e in log if n == "long" and isinstance(e, Progress)]
+    assert progress == sorted(progress) and progress[-1] == 1200
+    assert not any(isinstance(e, Failed) for _, e in log)
+
+
+def test_mixed_a_cancelled_prompt_stops_at_its_next_step_and_the_answer_goes_on(tiny):
+    """A prompt riding in the answer's steps whose client goes away stops at the next step's boundary
+    (499, what it evaluated kept), and the answer beside it finishes whole."""
+    log: list = []
+    sched = scheduler(tiny, 4096, mixed="on")
+    sched.submit(client("answer", log, prompt(12, 5), 150))
+    sched.start()
+    assert wait_for(lambda: any(n == "answer" for n, _ in log), 30, 0.001)
+    sched.submit(client("long", log, prompt(1900, 4), 4, progress=True, cancel_at=200))
+    assert wait_for(lambda: finished(log, "answer") and finished(log, "long"), 120, 0.01)
+    sched.stop(10)
+    failed = next(e for n, e in log if n == "long" and isinstance(e, Failed))
+    assert failed.status == 499
+    last = [e.processed for n, e in log if n == "long" and isinstance(e, Progress)][-1]
+    assert 200 <= last < 1900
+    answer = next(e for n, e in log if n == "answer" and isinstance(e, Done)).record
+    assert len(answer.completion) == 150
+
+
+def test_mixed_auto_keeps_a_mixed_batch_only_where_it_costs_less_than_its_parts():
+    """"auto" decides from measured costs: a mixed step at or above its parts (the step alone plus its
+    prompt tokens at the chunks' rate) is dropped for decode-first, and tried again PROBE_EVERY chunks
+    later; one well under its parts is kept, its next size from its cost beyond the step."""
+    from app.server.scheduler import MIX_GAIN
+
+    sched = Scheduler.__new__(Scheduler)
+    sched.tbt_budget, sched.step_time, sched.eval_rate, sched.on_prompt = 1.5, 0.04, 0.01, lambda n: None
+    job = Client(Request(prompt=[1, 2]), LOOP, 0.0)
+    sched._rode(job, 2, 0.04 + 2 * 0.01)  # costs added: a CPU with a Q4 target
+    assert sched.mix_pays is False
+    sched._rode(job, 8, MIX_GAIN * (0.04 + 8 * 0.01) - 0.001)
+    assert sched.mix_pays is True
+    sched._rode(job, 8, 0.045)  # 5 ms beyond the step for 8 tokens: the budget's 20 ms holds 32 (at most 2x a time)
+    assert sched.mix_pays is True and job.ride == 16

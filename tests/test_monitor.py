@@ -195,6 +195,7 @@ def test_the_series_adds_up_to_the_servers_counters(server):
     assert 0 < status["tbt_s_p50"] <= status["tbt_s_p95"]
     assert metric(url, "specdeck_time_between_tokens_seconds", quantile="0.95") == status["tbt_s_p95"]
     assert cols["tbt_p50_seconds"][-1] is not None
+    assert status["mixed_batch"] == {"mode": "auto", "pays": None}  # no prompt was read beside an answer here
 
 
 def test_series_reads_a_field_a_model_and_a_time(server):

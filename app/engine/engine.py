@@ -163,9 +163,7 @@ class Engine:
             idx = self.cache.checkpoints.evaluate(slot.id, prompt, p.done, logits_last=True, end=end,
                                                   images=self.images_of(p.request))
         except BaseException:  # llama.cpp refused a chunk (or worse): the cache back to slot.cached, the slot free
-            slot.cached = prompt[: p.done]
-            self.cache.truncate(slot, p.done)
-            slot.prefill = None
+            self._refuse_chunk(p)
             raise
         slot.cached.extend(prompt[p.done: end])
         p.done, p.t_eval = end, p.t_eval + time.perf_counter() - t
@@ -264,23 +262,47 @@ class Engine:
         left = req.max_tokens - slot.generated - 1
         return max(0, min(req.speculative.k, self.draft_limit, room, left)) if self.drafter else 0
 
-    def step(self, slots: Sequence[Slot]) -> list[StepRecord]:
-        """One speculative step for every slot given: draft, one batched verify, accept, roll back."""
+    def step(self, slots: Sequence[Slot], ride: tuple[Prefill, int] | None = None) -> list[StepRecord]:
+        """One speculative step for every slot given: draft, one batched verify, accept, roll back.
+        `ride`: a prompt being evaluated and how many of its next tokens go in the same target decode
+        as the verify (a mixed batch, as Sarathi-Serve's; at most `rider_room`); where that prompt is
+        then all in, `ridden` gives its first record."""
         ks = {s.id: self._k_for(s) for s in slots}
         ended, slots = self._drop_starved(slots, ks)
         drafts, t_draft = self._draft(slots, ks)
         if not slots:
             return ended
         before = self._before_verify(slots, drafts)
+        end = ride[0].done + ride[1] if ride is not None else 0
         try:
-            rows, t_verify = self._verify_decode(slots, drafts)
+            rows, t_verify, last = self._verify_decode(slots, drafts, ride[0] if ride else None, end)
             kept = [self._keep(s, drafts[s.id], rows[s.id], ks[s.id], t_draft[s.id], t_verify, before.get(s.id))
                     for s in slots]
             self._replay()
         except BaseException:  # the slots' requests end (`finish` cuts each cache back to its record)
             self._replays = []
+            if ride is not None:
+                self._refuse_chunk(ride[0])
             raise
+        if ride is not None:
+            self._rode(ride[0], end, last, t_verify * len(slots))
         return ended + kept
+
+    def rider_room(self, slots: Sequence[Slot], p: Prefill) -> int:
+        """How many of the prompt's next tokens may go in the next step's verify decode of `slots`:
+        text (an image goes through `advance`), up to the next checkpoint, and within one ubatch
+        beside the verify tokens (the most the slots may draft). None on a model with recurrent
+        layers: llama.cpp splits a batch by sequence for them, so nothing would be shared."""
+        if self.target.model.is_recurrent or not slots:
+            return 0
+        room = self.target.params.n_ubatch - sum(1 + self._k_for(s) for s in slots)
+        end = min(p.total, p.done + max(0, room))
+        stops = self.cache.checkpoints.stops(p.total, p.done, end)
+        if stops:
+            end = stops[0]
+        prompt = p.request.prompt
+        text = next((i for i in range(p.done, end) if media.is_media(prompt[i])), end)
+        return max(0, text - p.done)
 
     def _before_verify(self, slots: Sequence[Slot], drafts: dict[int, Draft]) -> dict[int, object]:
         """Where a draft is longer than the recurrent state's rollback snapshots (with checkpoints on),
@@ -305,9 +327,10 @@ class Engine:
         ended = [StepRecord.undrafted(s.id, [], finish_reason="context") for s in starved]
         return ended, [s for s in slots if s not in starved]
 
-    def _verify_decode(self, slots: Sequence[Slot], drafts: dict[int, Draft]) -> tuple[dict[int, list[int]], float]:
-        """Every slot's last token and draft in one target decode: the logits rows of each, and the
-        decode's time per slot."""
+    def _verify_decode(self, slots: Sequence[Slot], drafts: dict[int, Draft], rider: Prefill | None = None,
+                       end: int = 0) -> tuple[dict[int, list[int]], float, int]:
+        """Every slot's last token and draft in one target decode, and the rider's prompt tokens up to
+        `end`: the logits rows of each slot, the decode's time per slot, the rider's last row (-1)."""
         t = time.perf_counter()
         batch = self.target.batch
         batch.clear()
@@ -318,11 +341,36 @@ class Engine:
             base = len(s.tokens) - 1
             seq = [s.tokens[-1]] + drafts[s.id].tokens
             rows[s.id] = [batch.add(tok, base + j, s.id, True) for j, tok in enumerate(seq)]
+        last = -1
+        if rider is not None:
+            prompt = rider.request.prompt
+            for pos in range(rider.done, end):
+                last = batch.add(prompt[pos], pos, rider.slot.id, pos == rider.total - 1)
         self.target.decode(batch)
         t_verify = time.perf_counter() - t
-        if self.costs is not None:  # costs follow real steps (n tokens, any slots)
+        if self.costs is not None and rider is None:  # costs follow real steps (n tokens, any slots), not mixed ones
             self.costs.observe_verify(len(batch), t_verify)
-        return rows, t_verify / max(1, len(slots))
+        return rows, t_verify / max(1, len(slots)), last
+
+    def _rode(self, p: Prefill, end: int, row: int, took: float) -> None:
+        """A prompt's tokens up to `end` went in a step's decode: they are in its slot's cache."""
+        p.slot.cached.extend(p.request.prompt[p.done: end])
+        p.done, p.t_eval, p.row = end, p.t_eval + took, row
+        if end in self.cache.checkpoints.stops(p.total, end - 1, end):
+            self.cache.checkpoints.take(p.slot.id, end)
+
+    def ridden(self, p: Prefill) -> StepRecord | None:
+        """After a step that carried the prompt's tokens (and before any other decode): the drafter
+        follows, as after `advance`'s chunk; once the prompt is all in, its first token's record."""
+        if self.drafter is not None and p.request.speculative.k > 0:
+            self.drafter.prefill(p.slot.id, p.request.prompt, p.done)
+        return self._started(p, p.row) if p.done == p.total else None
+
+    def _refuse_chunk(self, p: Prefill) -> None:
+        """The decode that carried a prompt's tokens failed: its cache back to what it held, its slot free."""
+        p.slot.cached = p.request.prompt[: p.done]
+        self.cache.truncate(p.slot, p.done)
+        p.slot.prefill = None
 
     def _keep(self, s: Slot, d: Draft, rows: list[int], k: int, t_draft: float, t_verify: float,
               before: object | None = None) -> StepRecord:

@@ -74,6 +74,7 @@ class Prefill:
     reused: int  # of them, those the cache held already
     t0: float = field(default_factory=time.perf_counter)
     t_eval: float = 0.0  # seconds spent evaluating
+    row: int = -1  # the batch row of its last token in the decode that carried it (a step's, see Engine.step)
 
     @property
     def total(self) -> int:

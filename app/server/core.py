@@ -329,6 +329,8 @@ def status_json(service: Service, metrics: Metrics) -> dict:
         "kv_cache": dict(zip(("used_cells", "cells"), kv_cells(service), strict=True)),
         "speculative_default": service.speculative_default,
         "draft_max": eng.draft_limit,
+        # beside answers, a prompt's tokens in their verify decode: the setting, and whether the last try paid (None: not tried)
+        "mixed_batch": {"mode": service.scheduler.mixed, "pays": service.scheduler.mix_pays},
         "recent_tokens_per_second": recent_tps(service),
         "acceptance": metrics.acceptance_rate(),
         **machine_json(gpus, service.stats.cpu_percent()),

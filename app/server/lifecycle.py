@@ -84,7 +84,8 @@ def attach(service: Service, loaded: Loaded, settings: ServeSettings, on_done) -
         on_done(job, rec)
 
     service.scheduler = Scheduler(loaded.engine, settings.max_queue, on_step=service.stats.step, on_done=done,
-                                  on_prompt=service.stats.prompt, tbt_budget=settings.tbt_budget)
+                                  on_prompt=service.stats.prompt, tbt_budget=settings.tbt_budget,
+                                  mixed=settings.mixed_batch)
     service.tokenizer = loaded.tokenizer
     service.use_chat(chat_spec(loaded.tokenizer, settings.reasoning_format))
     service.thinking_default = False if settings.reasoning_budget == 0 else None

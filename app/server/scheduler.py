@@ -18,6 +18,11 @@ Each loop, as llama-server's continuous batching does:
   fits one chunk goes at once. On average the answers' time between tokens stays within
   `tbt_budget` of their time alone, and the prompt advances at (tbt_budget - 1) / tbt_budget of the
   engine's time meanwhile.
+  Where a step's verify decode costs little more with prompt tokens in it (a card, or a model whose
+  decode is memory-bound: it reads every weight for a few tokens or a hundred), those tokens go in
+  it instead (`mixed` "auto": one mixed step is tried, and kept while it costs under MIX_GAIN of a
+  step plus those tokens at the chunks' rate; its tokens sized so the step stays within the budget
+  at the cost per token it measured). Speculation goes on: the drafts are verified in that batch.
   `tbt_budget` 0: prompts first (the slices above between steps). A job cancelled (client gone,
   time limit, the server stopping) stops between chunks, its evaluated part kept as a reusable
   prefix;
@@ -57,6 +62,8 @@ SHUTTING_DOWN = "the server is shutting down; retry once it is back"
 PREFILL_SLICE = 0.5  # seconds of prompt evaluation per loop for a prompt sharing the engine with others
 TBT_BUDGET = 1.5  # while a prompt is read, answers' time between tokens may grow to this multiple of their time alone
 CHUNK_STEPS = 4  # a prompt's chunk beside answers costs about this many steps (the credit spreads it)
+MIX_GAIN = 0.8  # a mixed batch is kept where it costs at most this share of its parts (the step, the tokens' chunk cost)
+PROBE_EVERY = 32  # beside answers, chunks between two tries of a mixed batch where the last one did not pay
 SLICE_MIN = 64  # tokens: smaller chunks cost more per token on a CPU (32: 6% more than 512 here; 64: the same)
 
 
@@ -126,6 +133,7 @@ class Job:
     progress: bool = False  # send a Progress event after each chunk of the prompt
     prefill: Prefill | None = None  # the prompt's evaluation, while it runs
     chunk: int = 0  # tokens of its prompt's next chunk beside answers (sized to the budget; 0: not yet measured)
+    ride: int = 0  # tokens of its prompt in the answers' next step (a mixed batch; 0: not yet measured)
     usage: object | None = None  # the HTTP request's audit.Usage: finished() adds this job's tokens
 
     def whereabouts(self) -> str:
@@ -147,7 +155,7 @@ class Job:
 
 class Scheduler:
     def __init__(self, engine: Engine, max_queue: int = 16, on_step=None, on_done=None, on_prompt=None,
-                 tbt_budget: float = TBT_BUDGET) -> None:
+                 tbt_budget: float = TBT_BUDGET, mixed: str = "auto") -> None:
         self.engine = engine
         self.max_queue = max_queue
         self.queue: collections.deque[Job] = collections.deque()
@@ -166,6 +174,9 @@ class Scheduler:
         self.tbt_budget = tbt_budget  # answers' time between tokens beside a prompt, times their time alone (0: prompts first)
         self.step_time: float | None = None  # a decode step's seconds (moving average)
         self.credit = 0.0  # seconds of prompt evaluation the answers' steps have allowed and no chunk has used
+        self.mixed = mixed  # "auto": a prompt's tokens ride in the answers' steps where that measured cheaper; "on", "off"
+        self.mix_pays: bool | None = None  # did the last mixed step cost under MIX_GAIN of its parts (None: not tried)
+        self.since_probe = 0  # chunks beside answers since the last mixed step
 
     # -- API for handlers ------------------------------------------------------------------
 
@@ -276,8 +287,8 @@ class Scheduler:
                 self._stop_prefill(job, self.engine.abandon(p))
                 continue
             beside = self._decode_first()  # asked for each: a prompt finished just before starts an answer
-            if beside and (i > 0 or (self.credit <= 0 and p.left > self._budget_chunk(job))):
-                continue  # the answers' next step first (a prompt whose rest is one chunk goes: its answer starts)
+            if beside and (i > 0 or self._rider() is job or (self.credit <= 0 and p.left > self._budget_chunk(job))):
+                continue  # the answers' next step first, or it carries this prompt (a prompt whose rest is one chunk goes: its answer starts)
             done, t = p.done, time.perf_counter()
             n = self._budget_chunk(job) if beside else self._chunk(ahead=i == 0 and len(jobs) > 1 and not self.active)
             try:
@@ -288,19 +299,23 @@ class Scheduler:
             took = time.perf_counter() - t
             if beside:
                 self.credit -= took
+                self.since_probe += 1
                 self._size_chunk(job, p.done - done, took)
             if p.done > done:
                 self.eval_rate = took / (p.done - done)
                 self.on_prompt(p.done - done)
             if job.progress:
                 job.send(Progress.of(p))
-            if rec is None:
-                continue
-            self.starting.pop(job.slot.id, None)
-            job.prefill = None
-            job.t_first = time.perf_counter()
-            self.active[job.slot.id] = job
-            self._deliver(job, rec)
+            if rec is not None:
+                self._started(job, rec)
+
+    def _started(self, job: Job, rec: StepRecord) -> None:
+        """A prompt is in: its job generates from now on, its first token delivered."""
+        self.starting.pop(job.slot.id, None)
+        job.prefill = None
+        job.t_first = time.perf_counter()
+        self.active[job.slot.id] = job
+        self._deliver(job, rec)
 
     def _chunk(self, ahead: bool) -> int:
         """Tokens of a prompt to evaluate this loop: n_ubatch for the one with fewest tokens left while
@@ -336,6 +351,43 @@ class Scheduler:
             return
         want = n * target / took
         job.chunk = max(1, min(self.engine.target.params.n_ubatch, int(min(2 * n, max(n / 2, want)))))
+
+    def _rider(self) -> Job | None:
+        """The prompt whose next tokens go in the answers' next step (a mixed batch): the one with the
+        fewest tokens left, beside answers, where the engine can carry its next tokens, and, with
+        `mixed` "auto", where the last mixed step cost under MIX_GAIN of its parts (tried once first,
+        and again every PROBE_EVERY chunks where it did not pay: the costs move with the depth)."""
+        if self.mixed == "off" or not self.starting or not self._decode_first():
+            return None
+        job = min(self.starting.values(), key=lambda j: j.prefill.left)
+        if self.mixed == "auto" and (self.eval_rate is None or (self.mix_pays is False and self.since_probe < PROBE_EVERY)):
+            return None
+        slots = [j.slot for j in self.active.values()]
+        return job if self.engine.rider_room(slots, job.prefill) > 0 else None
+
+    def _ride_tokens(self, job: Job) -> int:
+        """Tokens of the rider's prompt in this step: sized from what the last mixed step cost, or for
+        the first, what the budget allows where costs add ((B - 1) steps' time at the chunks' rate)."""
+        n = job.ride
+        if not n and self.eval_rate:
+            n = int((self.tbt_budget - 1) * (self.step_time or 0.0) / self.eval_rate)
+        room = self.engine.rider_room([j.slot for j in self.active.values()], job.prefill)
+        return max(1, min(n, room))
+
+    def _rode(self, job: Job, n: int, took: float) -> None:
+        """A mixed step's cost against its parts (the step alone, the tokens at the chunks' rate), and
+        the next one's tokens: as many as keep the step within the budget at this step's cost per
+        token beyond the step alone (moved at most 2x a time)."""
+        step = self.step_time or took
+        if self.eval_rate:
+            self.mix_pays = took <= MIX_GAIN * (step + n * self.eval_rate)
+        self.since_probe = 0
+        extra, allowed = took - step, (self.tbt_budget - 1) * step
+        want = n * allowed / extra if extra > 0 else 2 * n
+        job.ride = max(1, int(min(2 * n, max(n / 2, want))))
+        self.on_prompt(n)
+        if job.progress:
+            job.send(Progress.of(job.prefill))
 
     def _stop_prefill(self, job: Job, e: Exception) -> None:
         self.starting.pop(job.slot.id, None)
@@ -400,24 +452,47 @@ class Scheduler:
                 self._close(job, "time_limit")
 
     def _step(self) -> None:
+        """One step of the answers, carrying a prompt's next tokens where `_rider` says so."""
         jobs = list(self.active.values())
+        rider = self._rider()
+        n = self._ride_tokens(rider) if rider is not None else 0
+        done = rider.prefill.done if rider is not None else 0
         t = time.perf_counter()
         try:
-            records = self.engine.step([j.slot for j in jobs])
+            records = self.engine.step([j.slot for j in jobs], (rider.prefill, n) if rider is not None else None)
         except DecodeError as e:  # llama.cpp refused the batch (KV pool full, out of memory): fail these, go on
-            for j in jobs:
-                j.send(Failed(f"generation stopped: {e.message}; retry later or with a shorter request", 503))
-                self._close(j, "error")
+            self._failed_step(jobs, rider, e, f"generation stopped: {e.message}; retry later or with a shorter request", 503)
             return
         except Exception as e:  # noqa: BLE001 - a failed step must not stop the server
-            for j in jobs:
-                j.send(Failed(f"generation failed: {e}"))
-                self._close(j, "error")
+            self._failed_step(jobs, rider, e, f"generation failed: {e}", 500)
             return
-        self._stepped(time.perf_counter() - t)
+        took = time.perf_counter() - t
+        if rider is not None and rider.prefill.done > done:
+            self._rode(rider, rider.prefill.done - done, took)
+            self._ridden(rider)
+        else:
+            self._stepped(took)
         by_slot = {r.slot: r for r in records}
         for j in jobs:
             self._deliver(j, by_slot[j.slot.id])
+
+    def _ridden(self, job: Job) -> None:
+        """The rider's prompt after the step that carried it: its answer starts once it is all in."""
+        try:
+            rec = self.engine.ridden(job.prefill)
+        except Exception as e:  # noqa: BLE001 - a failed request must not stop the server
+            self._stop_prefill(job, e)
+            return
+        if rec is not None:
+            self._started(job, rec)
+
+    def _failed_step(self, jobs: list[Job], rider: Job | None, e: Exception, message: str, status: int) -> None:
+        """A step failed: its answers end, and the prompt it carried (its slot free, its cache as before)."""
+        for j in jobs:
+            j.send(Failed(message, status))
+            self._close(j, "error")
+        if rider is not None:
+            self._stop_prefill(rider, e)
 
     def _stepped(self, took: float) -> None:
         """A step's time: its moving average, and the prompts' credit (none kept past one chunk's worth

@@ -34,6 +34,10 @@ class ServeSettings(BaseSettings):
                               "time between tokens may grow to this multiple of their time alone: decode goes first and "
                               "the prompt gets the time left (the prompt advances at (B - 1) / B of the engine's time "
                               "meanwhile); 0: prompts first (a slice of about 0.5 s of prompt between steps)")
+    mixed_batch: Literal["auto", "on", "off"] = Field(
+        "auto", description="beside answers, a prompt's next tokens go in the answers' verify decode (one mixed batch) "
+        "where that measured cheaper than a step and a chunk apart (a card; a model whose decode is memory-bound): "
+        "auto; always: on; never (decode first, the prompt between steps): off")
     max_tokens: int = Field(4096, ge=1, description="cap on max_tokens per request")
     temperature: float | None = Field(None, ge=0.0, le=2.0, json_schema_extra={"flag": "--temp"},
                                       description="sampling temperature of a request that sets none (llama-server's "
