@@ -13,7 +13,9 @@ time a draft token (c_draft) and a target verify batch of k tokens (c_verify(k),
 short and at a long context; project tokens/s for acceptance 0.6 / 0.7 / 0.8 with the best draft
 length, next to plain decoding. With the MTP preset the drafter is the target's nextn head: c_draft
 is one head token (c_mtp), and c_verify(k) includes the head's evaluation of the verified tokens,
-which every step pays. Prints a table, writes gpu_bench.json to --out (or $OUT).
+which every step pays. Beside a prompt (#63): a verify, a prompt chunk and both in one decode at a
+16K-token prompt's depth, and what each way of reading it leaves the prompt within the time-between-
+tokens budget. Prints a table, writes gpu_bench.json to --out (or $OUT).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import os
 import statistics
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -42,6 +45,8 @@ PAIRS = {"qwen3.6-27b": ("qwen3.6-27b", "qwen3.5-0.8b"), "gemma3-27b": ("gemma3-
          "qwen3.6-27b-mtp": ("qwen3.6-27b-mtp",)}  # no draft model: the target's MTP head drafts
 KS = list(range(1, 17))
 ALPHAS = (0.6, 0.7, 0.8)
+MIX_TOKENS = (16, 64, 128, 256, 512)  # prompt tokens beside a verify in the mixed-batch case
+TBT_BUDGET = 1.5  # specdeck serve's default --tbt-budget
 MiB = 1024 * 1024
 
 
@@ -166,6 +171,44 @@ def costs(target: Stream, draft: Stream, reps: int) -> dict:
     return {"c_draft_s": c_draft, "c_verify_s": c_verify}
 
 
+def mixed_costs(target: Stream, depth: int, k: int, reps: int) -> dict:
+    """A prompt read beside an answer (#63's case): sequence 1 is filled to `depth`; then, timed at
+    that depth, the answer's verify of k tokens on sequence 0 (the target's stream) alone, m prompt tokens of
+    sequence 1 alone, and both in one decode (a mixed batch), m in MIX_TOKENS. Both sequences only
+    go forward (as a step keeping its tokens and a prompt read on), so a model with recurrent layers
+    is timed the same way. Returns the costs and, for a time between tokens of at most TBT_BUDGET
+    times the verify's, the prompt's tokens/s decoding first (chunks of 512 in the time the budget
+    leaves) against riding in the verify (the largest m whose mixed batch keeps the budget)."""
+    ctx, n_vocab = target.ctx, target.n_vocab
+    pos = {0: target.pos, 1: 0}  # the answer's next position, the prompt's
+
+    def run(n0: int, n1: int) -> None:
+        b = ctx.batch
+        b.clear()
+        for seq, n in ((0, n0), (1, n1)):
+            for _ in range(n):
+                b.add((pos[seq] * 7919 + 13 + seq) % (n_vocab - 10) + 5, pos[seq], seq, seq == 0)
+                pos[seq] += 1
+        ctx.decode(b)
+        ctx.synchronize()
+
+    while pos[1] < depth:
+        run(0, min(ctx.params.n_batch, depth - pos[1]))
+    verify = timed(lambda: run(k, 0), reps)
+    chunk = {m: timed(lambda m=m: run(0, m), reps) for m in MIX_TOKENS}
+    mixed = {m: timed(lambda m=m: run(k, m), reps) for m in MIX_TOKENS}
+    target.pos = pos[0]
+    ctx.seq_rm(1, 0, -1)  # the prompt's cells back for what follows
+    allowed = TBT_BUDGET * verify
+    fits = [m for m in MIX_TOKENS if mixed[m] <= allowed]
+    best = max(MIX_TOKENS)
+    return {"depth": depth, "k": k, "verify_s": verify, "chunk_s": chunk, "mixed_s": mixed,
+            "mixed_over_parts": {m: mixed[m] / (verify + chunk[m]) for m in MIX_TOKENS},
+            "prompt_tok_s_decode_first": (TBT_BUDGET - 1) / TBT_BUDGET * best / chunk[best],
+            "prompt_tok_s_mixed": max((m / mixed[m] for m in fits), default=0.0),
+            "tbt_over_alone_llama_server": mixed[best] / verify}
+
+
 def project(c: dict) -> dict:
     """Tokens/s with the best draft length for each acceptance rate: E[tokens] / step cost."""
     plain = 1.0 / c["c_verify_s"][1]
@@ -206,7 +249,8 @@ def main(argv: list[str] | None = None) -> int:
     # c_verify(k) is timed up to k = 16 in one sequence, past the plan's cap on a decode's logits rows
     # (slots x (1 + draft length)): llama.cpp refuses a batch over it, so the timed context gets 16
     # (the compute buffer's logits phase is then 16 rows, not the layer phase that sets its size)
-    t_params = plan.target.with_rows(max(KS))
+    # and two sequences at least: the mixed-batch case reads a prompt on a second one
+    t_params = replace(plan.target.with_rows(max(KS)), n_seq_max=max(2, plan.target.n_seq_max))
     tm, tc, t_alloc = load(t_path, t_params, threads, load_mtp=mtp)
     rows = memory_rows(plan, "target", t_alloc, device, t_path)
     target = Stream(tc, tm.n_vocab)
@@ -223,6 +267,7 @@ def main(argv: list[str] | None = None) -> int:
     short_prefill = target.fill(256)
     draft.fill(256)
     short = costs(target, draft, args.reps)
+    mixed = mixed_costs(target, min(16384, tc.n_ctx // 4), 5, args.reps)
     long_at = min(plan.ctx, tc.n_ctx) - (sum(KS) * args.reps + 64)
     long_prefill = target.fill(long_at)
     draft.fill(long_at)
@@ -241,6 +286,7 @@ def main(argv: list[str] | None = None) -> int:
         "prefill_tok_s": {"short": short_prefill, "long": long_prefill, "long_ctx": long_at},
         "short_ctx": {**short, "projection": project(short)},
         "long_ctx": {**long, "projection": project(long), "position": long_at},
+        "beside_a_prompt": mixed,
     }
     print_report(report)
     if args.out:
@@ -273,6 +319,12 @@ def print_report(r: dict) -> None:
         print(f"  plain {pr['plain_tok_s']:.1f} tok/s; " + "; ".join(
             f"alpha {a}: {pr[f'alpha_{a}']['tok_s']:.1f} tok/s (k={pr[f'alpha_{a}']['k']}, {pr[f'alpha_{a}']['speedup']:.2f}x)"
             for a in ALPHAS))
+    m = r["beside_a_prompt"]
+    print(f"beside a prompt at {m['depth']:,} tokens, a verify of {m['k']} ({m['verify_s'] * 1e3:.1f} ms): mixed / "
+          "(verify + chunk) " + " ".join(f"{n}:{v:.2f}" for n, v in m["mixed_over_parts"].items())
+          + f"; the prompt at a {TBT_BUDGET}x budget: decode first {m['prompt_tok_s_decode_first']:.0f} tok/s, "
+          f"riding {m['prompt_tok_s_mixed']:.0f} tok/s; 512 tokens in the batch (llama-server): "
+          f"{m['tbt_over_alone_llama_server']:.1f}x the time between tokens")
 
 
 if __name__ == "__main__":

@@ -33,3 +33,6 @@ def test_dry_run_memory_matches_plan_and_times_are_measured(preset, tmp_path):
         proj = c["projection"]
         assert proj["plain_tok_s"] > 0 and {f"alpha_{a}" for a in (0.6, 0.7, 0.8)} <= set(proj)
     assert r["long_ctx"]["position"] > 4000
+    m = r["beside_a_prompt"]  # #63's case: a verify, a prompt's chunk and both in one decode, timed
+    assert m["depth"] == 2048 and m["verify_s"] > 0 and set(m["mixed_s"]) == set(m["chunk_s"]) == {"16", "64", "128", "256", "512"}
+    assert all(v > 0 for v in m["mixed_over_parts"].values()) and m["prompt_tok_s_decode_first"] > 0
