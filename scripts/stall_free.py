@@ -51,10 +51,9 @@ MODES = {"decode_first": ["--tbt-budget", "1.5", "--mixed-batch", "auto"],
          "prompts_first": ["--tbt-budget", "0"]}
 
 
-def pair(preset: str) -> tuple[Path, Path]:
+def pair(fetcher: Fetcher, preset: str) -> tuple[Path, Path]:
     """The preset's target and draft files, as `specdeck pull` left them."""
     catalog = load_catalog()
-    fetcher = Fetcher(paths(), hub_settings(), Console(quiet=True))
     p = catalog.preset(preset)
     return fetcher.existing(catalog.model(p.target)).path, fetcher.existing(catalog.model(p.draft)).path
 
@@ -127,9 +126,9 @@ def main() -> int:
     if not modes or any(m not in MODES for m in modes):
         raise SystemExit(f"--modes: a list of {', '.join(MODES)}")
     ctx = args.long + 2048
-    target, draft = pair(args.preset)
+    fetcher = Fetcher(paths(), hub_settings(), Console(stderr=True))
+    target, draft = pair(fetcher, args.preset)
     if args.f32_target:
-        fetcher = Fetcher(paths(), hub_settings(), Console(stderr=True))
         target = f32_standin(target, fetcher.paths.store, fetcher.records, args.threads, say=print)
     base = [sys.executable, "-m", "app.cli", "serve", "--target", str(target), "--draft", str(draft), "--parallel", "4",
             "--ctx", str(ctx), "--threads", str(args.threads), "--flash-attn", "off"]

@@ -336,9 +336,9 @@ def test_mixed_auto_keeps_a_mixed_batch_only_where_it_costs_less_than_its_parts(
     sched = Scheduler.__new__(Scheduler)
     sched.tbt_budget, sched.step_time, sched.eval_rate, sched.on_prompt = 1.5, 0.04, 0.01, lambda n: None
     job = Client(Request(prompt=[1, 2]), LOOP, 0.0)
-    sched._rode(job, 2, 0.04 + 2 * 0.01)  # costs added: a CPU with a Q4 target
+    sched._measure_ride(job, 2, 0.04 + 2 * 0.01)  # costs added: a CPU with a Q4 target
     assert sched.mix_pays is False
-    sched._rode(job, 8, MIX_GAIN * (0.04 + 8 * 0.01) - 0.001)
+    sched._measure_ride(job, 8, MIX_GAIN * (0.04 + 8 * 0.01) - 0.001)
     assert sched.mix_pays is True
-    sched._rode(job, 8, 0.045)  # 5 ms beyond the step for 8 tokens: the budget's 20 ms holds 32 (at most 2x a time)
+    sched._measure_ride(job, 8, 0.045)  # 5 ms beyond the step for 8 tokens: the budget's 20 ms holds 32 (at most 2x a time)
     assert sched.mix_pays is True and job.ride == 16

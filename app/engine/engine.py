@@ -300,9 +300,8 @@ class Engine:
         stops = self.cache.checkpoints.stops(p.total, p.done, end)
         if stops:
             end = stops[0]
-        prompt = p.request.prompt
-        text = next((i for i in range(p.done, end) if media.is_media(prompt[i])), end)
-        return max(0, text - p.done)
+        first = next(media.runs(p.request.prompt, p.done, end), None)
+        return 0 if first is None or first.media else first.end - p.done
 
     def _before_verify(self, slots: Sequence[Slot], drafts: dict[int, Draft]) -> dict[int, object]:
         """Where a draft is longer than the recurrent state's rollback snapshots (with checkpoints on),

@@ -89,6 +89,12 @@ def pick_slot(free: list[Slot], prompt: list[int], last_used: dict[int, float], 
     return min(free, key=lambda s: (len(s.cached) > 0, last_used.get(s.id, 0.0)))
 
 
+def toward(n: int, want: float, cap: int | None = None) -> int:
+    """The next size of a chunk of n tokens whose cost says `want`: moved at most 2x a time, 1 to cap."""
+    m = max(1, int(min(2 * n, max(n / 2, want))))
+    return min(m, cap) if cap else m
+
+
 @dataclass
 class Done:
     record: RequestRecord
@@ -287,7 +293,7 @@ class Scheduler:
                 self._stop_prefill(job, self.engine.abandon(p))
                 continue
             beside = self._decode_first()  # asked for each: a prompt finished just before starts an answer
-            if beside and (i > 0 or self._rider() is job or (self.credit <= 0 and p.left > self._budget_chunk(job))):
+            if beside and (i > 0 or self._rider()[0] is job or (self.credit <= 0 and p.left > self._budget_chunk(job))):
                 continue  # the answers' next step first, or it carries this prompt (a prompt whose rest is one chunk goes: its answer starts)
             done, t = p.done, time.perf_counter()
             n = self._budget_chunk(job) if beside else self._chunk(ahead=i == 0 and len(jobs) > 1 and not self.active)
@@ -349,32 +355,31 @@ class Scheduler:
         target = self._chunk_time()
         if n <= 0 or took <= 0 or target <= 0:
             return
-        want = n * target / took
-        job.chunk = max(1, min(self.engine.target.params.n_ubatch, int(min(2 * n, max(n / 2, want)))))
+        job.chunk = toward(n, n * target / took, self.engine.target.params.n_ubatch)
 
-    def _rider(self) -> Job | None:
-        """The prompt whose next tokens go in the answers' next step (a mixed batch): the one with the
-        fewest tokens left, beside answers, where the engine can carry its next tokens, and, with
-        `mixed` "auto", where the last mixed step cost under MIX_GAIN of its parts (tried once first,
-        and again every PROBE_EVERY chunks where it did not pay: the costs move with the depth)."""
+    def _rider(self) -> tuple[Job | None, int]:
+        """The prompt whose next tokens go in the answers' next step (a mixed batch), and how many may:
+        the one with the fewest tokens left, beside answers, where the engine can carry its next
+        tokens, and, with `mixed` "auto", where the last mixed step cost under MIX_GAIN of its parts
+        (tried once first, and again every PROBE_EVERY chunks where it did not pay: the costs move
+        with the depth). (None, 0): none."""
         if self.mixed == "off" or not self.starting or not self._decode_first():
-            return None
+            return None, 0
         job = min(self.starting.values(), key=lambda j: j.prefill.left)
         if self.mixed == "auto" and (self.eval_rate is None or (self.mix_pays is False and self.since_probe < PROBE_EVERY)):
-            return None
-        slots = [j.slot for j in self.active.values()]
-        return job if self.engine.rider_room(slots, job.prefill) > 0 else None
+            return None, 0
+        room = self.engine.rider_room([j.slot for j in self.active.values()], job.prefill)
+        return (job, room) if room > 0 else (None, 0)
 
-    def _ride_tokens(self, job: Job) -> int:
+    def _ride_tokens(self, job: Job, room: int) -> int:
         """Tokens of the rider's prompt in this step: sized from what the last mixed step cost, or for
         the first, what the budget allows where costs add ((B - 1) steps' time at the chunks' rate)."""
         n = job.ride
         if not n and self.eval_rate:
             n = int((self.tbt_budget - 1) * (self.step_time or 0.0) / self.eval_rate)
-        room = self.engine.rider_room([j.slot for j in self.active.values()], job.prefill)
         return max(1, min(n, room))
 
-    def _rode(self, job: Job, n: int, took: float) -> None:
+    def _measure_ride(self, job: Job, n: int, took: float) -> None:
         """A mixed step's cost against its parts (the step alone, the tokens at the chunks' rate), and
         the next one's tokens: as many as keep the step within the budget at this step's cost per
         token beyond the step alone (moved at most 2x a time)."""
@@ -383,8 +388,7 @@ class Scheduler:
             self.mix_pays = took <= MIX_GAIN * (step + n * self.eval_rate)
         self.since_probe = 0
         extra, allowed = took - step, (self.tbt_budget - 1) * step
-        want = n * allowed / extra if extra > 0 else 2 * n
-        job.ride = max(1, int(min(2 * n, max(n / 2, want))))
+        job.ride = toward(n, n * allowed / extra if extra > 0 else 2 * n)
         self.on_prompt(n)
         if job.progress:
             job.send(Progress.of(job.prefill))
@@ -454,8 +458,8 @@ class Scheduler:
     def _step(self) -> None:
         """One step of the answers, carrying a prompt's next tokens where `_rider` says so."""
         jobs = list(self.active.values())
-        rider = self._rider()
-        n = self._ride_tokens(rider) if rider is not None else 0
+        rider, room = self._rider()
+        n = self._ride_tokens(rider, room) if rider is not None else 0
         done = rider.prefill.done if rider is not None else 0
         t = time.perf_counter()
         try:
@@ -468,7 +472,7 @@ class Scheduler:
             return
         took = time.perf_counter() - t
         if rider is not None and rider.prefill.done > done:
-            self._rode(rider, rider.prefill.done - done, took)
+            self._measure_ride(rider, rider.prefill.done - done, took)
             self._ridden(rider)
         else:
             self._stepped(took)
