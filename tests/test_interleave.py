@@ -252,6 +252,67 @@ def test_a_greedy_answer_with_speculation_is_the_same_beside_a_prompt_as_alone(t
     assert progress[-1] == 1900
 
 
+def test_a_chunk_gives_way_to_a_request_that_comes_while_it_is_computed_and_both_answers_are_as_alone(tiny):
+    """A request that comes while a long prompt's chunk is being computed does not wait for that
+    chunk: it stops part way (llama.cpp's abort callback, asked between the graph's nodes), the
+    newcomer's prompt goes first, and the long prompt goes on from where it was; both greedy answers
+    are the same as alone. (The newcomer is submitted from inside the chunk, where the scheduler asks
+    whether to give way, so it comes mid-chunk however fast the tiny model is.)"""
+    def answers(arrive_at: int | None) -> tuple[list, Scheduler]:
+        log: list = []
+        sched = scheduler(tiny, 4096)
+        long, short = client("long", log, prompt(1200, 3), 8, progress=True), client("short", log, prompt(12, 5), 8)
+        real, sent = sched._give_way, threading.Event()
+
+        def give_way(job):
+            ask = real(job)
+
+            def asked() -> bool:
+                if arrive_at is not None and not sent.is_set() and job is long and job.prefill.done >= arrive_at:
+                    sent.set()
+                    sched.submit(short)
+                return ask()
+            return asked
+        sched._give_way = give_way
+        sched.submit(long)
+        if arrive_at is None:
+            sched.submit(short)
+        sched.start()
+        assert wait_for(lambda: finished(log, "long") and finished(log, "short"), 60, 0.01)
+        sched.stop(10)
+        return log, sched
+
+    alone, _ = answers(None)
+    log, sched = answers(320)
+    assert sched.chunks_given_way == 1
+    events = [(n, e.processed if isinstance(e, Progress) else type(e).__name__) for n, e in log]
+    after = events[[i for i, (n, x) in enumerate(events) if n == "long" and x == 320][0] + 1:]
+    assert after[0][0] == "short", after[:3]  # the newcomer's first token before the long prompt's next chunk
+    progress = [e.processed for n, e in log if n == "long" and isinstance(e, Progress)]
+    assert progress == sorted(progress) and progress[-1] == 1200
+    for name in ("long", "short"):
+        want = next(e for n, e in alone if n == name and isinstance(e, Done)).record.completion
+        assert next(e for n, e in log if n == name and isinstance(e, Done)).record.completion == want, name
+
+
+def test_a_chunk_that_gives_way_leaves_the_prompt_and_its_cache_where_they_were(tiny):
+    from app.llama.context import DecodeAborted
+
+    eng = Engine(Context(Model(tiny.target), params(4096), 2), None, 2)
+    req = Request(prompt=prompt(200, 1), max_tokens=4, speculative=PLAIN)
+    p = eng.begin(eng.slots[0], req)
+    eng.advance(p, 64)
+    try:
+        eng.advance(p, 32, give_way=lambda: True)
+        raise AssertionError("the chunk did not give way")
+    except DecodeAborted:
+        pass
+    assert p.done == 64 and eng.slots[0].cached == req.prompt[:64]
+    assert eng.target.pos_max(0) == 63
+    eng.advance(p, 64, give_way=lambda: False)
+    assert p.done == 128
+
+
 class Rides:
     """The engine's steps that carried a prompt's tokens (a mixed batch): how many tokens each."""
 

@@ -37,7 +37,7 @@ from app.engine.saved import SavedPrompts
 from app.engine.slots import Prefill, Request, Slot, SpecParams
 from app.errors import SpecdeckError
 from app.llama import media
-from app.llama.context import Context
+from app.llama.context import Context, DecodeAborted
 from app.llama.media import Picture
 from app.llama.vision import Projector
 
@@ -153,15 +153,22 @@ class Engine:
         slot.prefill = Prefill(slot, req, n, n, t0)
         return slot.prefill
 
-    def advance(self, p: Prefill, budget: int) -> StepRecord | None:
+    def advance(self, p: Prefill, budget: int, give_way: Callable[[], bool] | None = None) -> StepRecord | None:
         """Evaluate up to `budget` more tokens of the prompt (in chunks of n_ubatch); once it is all in,
-        sample the first token and return the first step's record, else None."""
+        sample the first token and return the first step's record, else None. `give_way`: asked while
+        the chunk is computed, where it can stop part way (`can_give_way`); when it says so, the chunk
+        stops within milliseconds and DecodeAborted is raised with the prompt where it was."""
         slot, prompt = p.slot, p.request.prompt
         end = media.image_end(prompt, min(p.total, p.done + max(1, budget)))  # an image goes in whole
+        ask = give_way if give_way is not None and self.can_give_way(p, end) else None
         t = time.perf_counter()
         try:
-            idx = self.cache.checkpoints.evaluate(slot.id, prompt, p.done, logits_last=True, end=end,
-                                                  images=self.images_of(p.request))
+            with self.target.giving_way(ask):
+                idx = self.cache.checkpoints.evaluate(slot.id, prompt, p.done, logits_last=True, end=end,
+                                                      images=self.images_of(p.request))
+        except DecodeAborted:  # it gave way: llama.cpp took the chunk's cells back; the prompt goes on later
+            self.cache.truncate(slot, p.done)
+            raise
         except BaseException:  # llama.cpp refused a chunk (or worse): the cache back to slot.cached, the slot free
             self._refuse_chunk(p)
             raise
@@ -170,6 +177,16 @@ class Engine:
         if self.drafter is not None and p.request.speculative.k > 0:
             self.drafter.prefill(slot.id, prompt, end)
         return self._started(p, idx) if end == p.total else None
+
+    def can_give_way(self, p: Prefill, end: int) -> bool:
+        """May the prompt's chunk up to `end` stop part way? Where it is one decode of text (one
+        ubatch, no checkpoint inside) and the cache can be cut back to where it began (no recurrent
+        state or sliding window, which llama.cpp cannot take back)."""
+        if self.target.needs_checkpoints or end - p.done > self.target.params.n_ubatch:
+            return False
+        if self.cache.checkpoints.stops(p.total, p.done, end):
+            return False
+        return not media.has_media(p.request.prompt, p.done, end)
 
     def abandon(self, p: Prefill) -> Interrupted:
         """Stop a prompt between its chunks: the slot is free, and what was evaluated stays in its cache

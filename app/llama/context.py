@@ -6,10 +6,11 @@ synchronous and single-threaded: one worker owns a context.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import llama_cpp
@@ -32,6 +33,10 @@ class DecodeError(SpecdeckError):
 
 _DECODE_ERRORS = {1: "no KV cache slot for the batch (context full)", 2: "aborted", -1: "invalid batch",
                   -2: "out of memory or compute error", -3: "compute error"}
+
+
+class DecodeAborted(DecodeError):
+    """A decode gave way (its `give_way` said so): llama.cpp took back what it had placed of the ubatch."""
 
 
 class DecodeRunning(SpecdeckError):
@@ -146,8 +151,33 @@ class Context:
             self.decoding = False
         self.decode_seconds += time.perf_counter() - t
         self.decodes += 1
+        if rc == 2:
+            raise DecodeAborted(f"{what} gave way")
         if rc != 0:
             raise DecodeError(f"{what} failed ({rc}): {_DECODE_ERRORS.get(rc, 'unknown error')}")
+
+    @contextlib.contextmanager
+    def giving_way(self, ask: Callable[[], bool] | None) -> Iterator[None]:
+        """Decodes within may stop part way, where `ask()` says so (DecodeAborted): llama.cpp asks its
+        abort callback between the graph's nodes, so a decode of seconds gives way within
+        milliseconds. `None`: they run to the end. (The callback re-enters Python at each node: it is
+        set only for the decodes that may give way.)"""
+        if ask is None:
+            yield
+            return
+
+        def abort(_data) -> bool:
+            try:
+                return bool(ask())
+            except Exception:  # noqa: BLE001 - never raise into llama.cpp: the decode goes on
+                return False
+
+        callback = llama_cpp.ggml_abort_callback(abort)
+        llama_cpp.llama_set_abort_callback(self.ptr, callback, None)
+        try:
+            yield
+        finally:
+            llama_cpp.llama_set_abort_callback(self.ptr, llama_cpp.ggml_abort_callback(0), None)
 
     def _within_outputs(self, n_out: int) -> None:
         """A batch may ask for at most the context's n_outputs_max logits rows: llama.cpp aborts the

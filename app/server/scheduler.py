@@ -8,7 +8,10 @@ Each loop, as llama-server's continuous batching does:
 - prefill: while no slot generates, every prompt being evaluated gets one chunk, so a short prompt
   is not held behind a long one: a slice of about PREFILL_SLICE seconds (at the measured rate, 64
   tokens to n_ubatch), except that where several prompts wait the one with the fewest tokens left
-  gets n_ubatch tokens. While answers stream, decode goes first (Sarathi-Serve's stall-free
+  gets n_ubatch tokens. A request that comes while a chunk is computed does not wait for it: the
+  chunk gives way part way (llama.cpp's abort callback; where its cells can be taken back: not on a
+  model with recurrent state or a sliding window), the newcomer's prompt goes first, and the prompt's
+  next chunk runs whole (so it advances however often requests come). While answers stream, decode goes first (Sarathi-Serve's stall-free
   batching, done here between steps): the prompt with the fewest tokens left gets the time the
   answers may lose, `tbt_budget - 1` times each step's time, credited step by step; its chunk is
   sized to cost about CHUNK_STEPS steps from what its last chunk cost (each prompt its own: a short
@@ -41,13 +44,14 @@ import collections
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from app.engine.engine import Engine, Interrupted, PoolBusy, Prefill, Request, Slot
 from app.engine.kv import common_prefix
 from app.engine.records import RequestRecord, StepRecord
 from app.errors import SpecdeckError
-from app.llama.context import DecodeError
+from app.llama.context import DecodeAborted, DecodeError
 
 
 class QueueFull(SpecdeckError):
@@ -140,6 +144,7 @@ class Job:
     prefill: Prefill | None = None  # the prompt's evaluation, while it runs
     chunk: int = 0  # tokens of its prompt's next chunk beside answers (sized to the budget; 0: not yet measured)
     ride: int = 0  # tokens of its prompt in the answers' next step (a mixed batch; 0: not yet measured)
+    gave_way: bool = False  # its prompt's last chunk stopped part way for a newcomer: the next runs whole
     usage: object | None = None  # the HTTP request's audit.Usage: finished() adds this job's tokens
 
     def whereabouts(self) -> str:
@@ -183,6 +188,8 @@ class Scheduler:
         self.mixed = mixed  # "auto": a prompt's tokens ride in the answers' steps where that measured cheaper; "on", "off"
         self.mix_pays: bool | None = None  # did the last mixed step cost under MIX_GAIN of its parts (None: not tried)
         self.since_probe = 0  # chunks beside answers since the last mixed step
+        self.submitted = 0  # jobs ever queued (a chunk gives way to those that came since it began)
+        self.chunks_given_way = 0  # prompt chunks stopped part way (a request came, a job cancelled)
 
     # -- API for handlers ------------------------------------------------------------------
 
@@ -193,6 +200,7 @@ class Scheduler:
             if len(self.queue) >= self.max_queue:
                 raise QueueFull(f"{len(self.queue)} requests are queued, the most --max-queue allows")
             self.queue.append(job)
+            self.submitted += 1
             self.cv.notify()
 
     def queue_depth(self) -> int:
@@ -298,10 +306,14 @@ class Scheduler:
             done, t = p.done, time.perf_counter()
             n = self._budget_chunk(job) if beside else self._chunk(ahead=i == 0 and len(jobs) > 1 and not self.active)
             try:
-                rec = self.engine.advance(p, n)
+                rec = self.engine.advance(p, n, give_way=None if job.gave_way else self._give_way(job))
+            except DecodeAborted:
+                self._gave_way(job, beside, time.perf_counter() - t)
+                continue
             except Exception as e:  # noqa: BLE001 - a failed request must not stop the server
                 self._stop_prefill(job, e)
                 continue
+            job.gave_way = False
             took = time.perf_counter() - t
             if beside:
                 self.credit -= took
@@ -315,6 +327,24 @@ class Scheduler:
             if rec is not None:
                 self._started(job, rec)
 
+    def _give_way(self, job: Job) -> Callable[[], bool]:
+        """What stops a prompt's chunk part way: a request that came since it began, with a slot free
+        to start in (its prompt then waits for no chunk of this one), or this job cancelled, or the
+        server stopping. Asked by llama.cpp between the graph's nodes, from this thread."""
+        seen, free = self.submitted, bool(self._free_slots())
+
+        def ask() -> bool:
+            return (free and self.submitted > seen and bool(self.queue)) or job.cancelled.is_set() or self.stopping
+        return ask
+
+    def _gave_way(self, job: Job, beside: bool, took: float) -> None:
+        """A chunk stopped part way: its work is lost (the answers' credit pays for the time beside
+        them); the prompt's next chunk runs to its end, so a prompt advances however often requests come."""
+        job.gave_way = True
+        self.chunks_given_way += 1
+        if beside:
+            self.credit -= took
+
     def _started(self, job: Job, rec: StepRecord) -> None:
         """A prompt is in: its job generates from now on, its first token delivered."""
         self.starting.pop(job.slot.id, None)
@@ -326,8 +356,9 @@ class Scheduler:
     def _chunk(self, ahead: bool) -> int:
         """Tokens of a prompt to evaluate this loop: n_ubatch for the one with fewest tokens left while
         others wait behind it and no slot generates, else about PREFILL_SLICE seconds' worth (a prompt
-        alone, too: a request that comes meanwhile then waits no longer than that; on a card that is
-        n_ubatch anyway, and on a CPU a slice of 64 tokens or more costs the same per token)."""
+        alone, too: where its chunk cannot give way, a request that comes meanwhile waits no longer
+        than that; on a card that is n_ubatch anyway, and on a CPU a slice of 64 tokens or more costs
+        the same per token)."""
         full = self.engine.target.params.n_ubatch
         if ahead:
             return full
