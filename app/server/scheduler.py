@@ -11,16 +11,16 @@ Each loop, as llama-server's continuous batching does:
   gets n_ubatch tokens. A request that comes while a chunk is computed does not wait for it: the
   chunk gives way part way (llama.cpp's abort callback; where its cells can be taken back: not on a
   model with recurrent state or a sliding window), the newcomer's prompt goes first, and the prompt's
-  next chunk runs whole (so it advances however often requests come). While answers stream, decode goes first (Sarathi-Serve's stall-free
-  batching, done here between steps): the prompt with the fewest tokens left gets the time the
-  answers may lose, `tbt_budget - 1` times each step's time, credited step by step; its chunk is
-  sized to cost about CHUNK_STEPS steps from what its last chunk cost (each prompt its own: a short
-  prompt at depth 0 is cheap per token, a long one at 16K is not), and runs once the steps have
-  earned it (a chunk of a few tokens costs about a step on a CPU, where it reads every weight as a
-  step does: chunks of several steps keep the prompt's evaluation efficient). A prompt whose rest
-  fits one chunk goes at once. On average the answers' time between tokens stays within
-  `tbt_budget` of their time alone, and the prompt advances at (tbt_budget - 1) / tbt_budget of the
-  engine's time meanwhile.
+  next chunk runs whole (so it advances however often requests come). While answers stream, decode
+  goes first (Sarathi-Serve's stall-free batching, done here between steps): the prompt with the
+  fewest tokens left gets the time the answers may lose, `tbt_budget - 1` times each step's time,
+  credited step by step; its chunk is sized to cost about CHUNK_STEPS steps from what its last chunk
+  cost (each prompt its own: a short prompt at depth 0 is cheap per token, a long one at 16K is
+  not), and runs once the steps have earned its cost (a chunk of a few tokens costs about a step on
+  a CPU, where it reads every weight as a step does: chunks of several steps keep the prompt's
+  evaluation efficient). A prompt whose rest fits one chunk goes at once. On average the answers'
+  time between tokens stays within `tbt_budget` of their time alone, and the prompt advances at
+  (tbt_budget - 1) / tbt_budget of the engine's time meanwhile.
   Where a step's verify decode costs little more with prompt tokens in it (a card, or a model whose
   decode is memory-bound: it reads every weight for a few tokens or a hundred), those tokens go in
   it instead (`mixed` "auto": one mixed step is tried, and kept while it costs under MIX_GAIN of a
@@ -144,6 +144,7 @@ class Job:
     prefill: Prefill | None = None  # the prompt's evaluation, while it runs
     chunk: int = 0  # tokens of its prompt's next chunk beside answers (sized to the budget; 0: not yet measured)
     ride: int = 0  # tokens of its prompt in the answers' next step (a mixed batch; 0: not yet measured)
+    chunk_s: float = 0.0  # what that chunk should cost, at its last chunk's cost per token
     gave_way: bool = False  # its prompt's last chunk stopped part way for a newcomer: the next runs whole
     usage: object | None = None  # the HTTP request's audit.Usage: finished() adds this job's tokens
 
@@ -301,7 +302,7 @@ class Scheduler:
                 self._stop_prefill(job, self.engine.abandon(p))
                 continue
             beside = self._decode_first()  # asked for each: a prompt finished just before starts an answer
-            if beside and (i > 0 or self._rider()[0] is job or (self.credit <= 0 and p.left > self._budget_chunk(job))):
+            if beside and (i > 0 or self._rider()[0] is job or (self.credit < self._chunk_cost(job) and p.left > self._budget_chunk(job))):
                 continue  # the answers' next step first, or it carries this prompt (a prompt whose rest is one chunk goes: its answer starts)
             done, t = p.done, time.perf_counter()
             n = self._budget_chunk(job) if beside else self._chunk(ahead=i == 0 and len(jobs) > 1 and not self.active)
@@ -319,6 +320,8 @@ class Scheduler:
                 self.credit -= took
                 self.since_probe += 1
                 self._size_chunk(job, p.done - done, took)
+            else:
+                self.credit = 0.0  # no answer waits on this chunk: the credit counts within one stretch of answers
             if p.done > done:
                 self.eval_rate = took / (p.done - done)
                 self.on_prompt(p.done - done)
@@ -387,6 +390,13 @@ class Scheduler:
         if n <= 0 or took <= 0 or target <= 0:
             return
         job.chunk = toward(n, n * target / took, self.engine.target.params.n_ubatch)
+        job.chunk_s = took / n * job.chunk
+
+    def _chunk_cost(self, job: Job) -> float:
+        """What the prompt's next chunk beside answers should cost: at its last chunk's cost per
+        token, else the target. It runs once the answers' steps have earned that much (so an answer
+        of a few steps is not charged a chunk it did not earn)."""
+        return job.chunk_s or self._chunk_time()
 
     def _rider(self) -> tuple[Job | None, int]:
         """The prompt whose next tokens go in the answers' next step (a mixed batch), and how many may:
