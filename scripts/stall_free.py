@@ -8,7 +8,7 @@ target rewritten as F32 (whose decode is memory-bound, as a card's is) with the 
 gives llama-server the same file.
 
     python scripts/stall_free.py [--preset coder-1.5b] [--long 16384] [--rounds 2] [--modes decode_first,prompts_first]
-                                 [--f32-target] [--no-anchor] [--json]
+                                 [--f32-target] [--no-anchor | --anchor-rounds N] [--json]
 
 `--rounds` per mode, in ABBA order (A B, then B A, ...; llama-server after them): each starts its
 server alone (never two llama.cpp processes at once), measures, stops it.
@@ -104,7 +104,7 @@ def measure(url: str, seed: int, long_n: int) -> dict:
     lp.close()
     return {"completion_alone": completion, "completion_beside": completion_b, "answer_alone": answer,
             "answer_beside": answer_b, "long_alone_s": alone_long, "long_beside_s": beside_long,
-            "same_text": completion["text"] == completion_b["text"] and answer["text"] == answer_b["text"]}
+            "same_text": {"completion": completion["text"] == completion_b["text"], "answer": answer["text"] == answer_b["text"]}}
 
 
 def spread(xs: list[float], fmt: str = "{:.2f}") -> str:
@@ -120,6 +120,7 @@ def main() -> int:
     ap.add_argument("--f32-target", action="store_true", help="the target as F32 (a card's cost ratio on a CPU)")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 2)
     ap.add_argument("--no-anchor", action="store_true", help="leave llama-server out")
+    ap.add_argument("--anchor-rounds", type=int, help="rounds of llama-server (default: --rounds)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
@@ -131,14 +132,14 @@ def main() -> int:
     if args.f32_target:
         target = f32_standin(target, fetcher.paths.store, fetcher.records, args.threads, say=print)
     base = [sys.executable, "-m", "app.cli", "serve", "--target", str(target), "--draft", str(draft), "--parallel", "4",
-            "--ctx", str(ctx), "--threads", str(args.threads), "--flash-attn", "off"]
+            "--ctx", str(ctx), "--threads", str(args.threads), "--flash-attn", "off", "--request-timeout", "7200"]
     commands = {m: base + MODES[m] for m in modes}
     order = [m for i in range(args.rounds) for m in (modes if i % 2 == 0 else modes[::-1])]
     server = None if args.no_anchor else find_llama_server()
     if server is not None:
         commands["llama_server_np4"] = [str(server), "-m", str(target), "--host", "127.0.0.1", "-np", "4", "-kvu",
                                         "-c", str(ctx), "-t", str(args.threads), "-tb", str(args.threads), "-fa", "off"]
-        order += ["llama_server_np4"] * args.rounds
+        order += ["llama_server_np4"] * (args.rounds if args.anchor_rounds is None else args.anchor_rounds)
     rounds: dict[str, list[dict]] = {name: [] for name in commands}
     for i, name in enumerate(order):
         url, proc = start(commands[name])
@@ -170,7 +171,8 @@ def main() -> int:
               f"answer {spread(a)}; long prompt alone {spread([r['long_alone_s'] for r in rs], '{:.0f}')} s, "
               f"beside {spread([r['long_beside_s'] for r in rs], '{:.0f}')} s: lost / the answers' time alone "
               f"{spread(lost)}, beside / (alone + answers) {spread(budget, '{:.3f}')}; "
-              f"same text beside as alone: {sum(r['same_text'] for r in rs)} of {len(rs)}"
+              f"same text beside as alone: completion {sum(r['same_text']['completion'] for r in rs)}, "
+              f"answer {sum(r['same_text']['answer'] for r in rs)} of {len(rs)}"
               + (f"; mixed batch paid: {[r['mixed_batch']['pays'] for r in rs]}" if name in MODES else ""))
     return 0
 
