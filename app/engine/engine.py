@@ -179,12 +179,10 @@ class Engine:
         return self._started(p, idx) if end == p.total else None
 
     def can_give_way(self, p: Prefill, end: int) -> bool:
-        """May the prompt's chunk up to `end` stop part way? Where it is one decode of text (one
-        ubatch, no checkpoint inside) and the cache can be cut back to where it began (no recurrent
-        state or sliding window, which llama.cpp cannot take back)."""
-        if self.target.needs_checkpoints or end - p.done > self.target.params.n_ubatch:
-            return False
-        if self.cache.checkpoints.stops(p.total, p.done, end):
+        """May the prompt's chunk up to `end` stop part way? Where it is text with no checkpoint
+        inside, and the cache can be cut back to where the chunk began (no recurrent state or sliding
+        window, which llama.cpp cannot take back): `truncate` then undoes whatever of it went in."""
+        if self.target.needs_checkpoints or self.cache.checkpoints.stops(p.total, p.done, end):
             return False
         return not media.has_media(p.request.prompt, p.done, end)
 
