@@ -69,7 +69,8 @@ def main() -> int:
                                                flash_attn="on"), hw, ctx_len)
     model = Model(Path(target.path), 0)
     threads = args.threads or hw.cpu_count
-    ctxs = {on: Context(model, dataclasses.replace(plan.target, flash_attn=on), threads) for on in (True, False)}
+    base = plan.target.with_rows(max(sizes))  # each decode asks logits for all its tokens, as a verify
+    ctxs = {on: Context(model, dataclasses.replace(base, flash_attn=on), threads) for on in (True, False)}
     result: dict = {"threads": threads, "n_ubatch": plan.target.n_ubatch, "depths": {}}
     try:
         for depth in depths:
