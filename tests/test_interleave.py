@@ -20,6 +20,7 @@ from app.engine.drafters.model import ModelDrafter
 from app.engine.engine import Engine, Request, SpecParams
 from app.llama.context import Context, Model
 from app.llama.params import ModelParams
+from app.server import scheduler as scheduling
 from app.server.scheduler import Done, Failed, Job, Progress, Scheduler
 
 PLAIN = SpecParams(enabled=False)
@@ -294,6 +295,37 @@ def test_a_chunk_gives_way_to_a_request_that_comes_while_it_is_computed_and_both
     for name in ("long", "short"):
         want = next(e for n, e in alone if n == name and isinstance(e, Done)).record.completion
         assert next(e for n, e in log if n == name and isinstance(e, Done)).record.completion == want, name
+
+
+def test_the_chunk_after_one_that_gave_way_runs_short_and_the_next_ones_as_before(tiny, monkeypatch):
+    """After a chunk gives way, the long prompt's next chunk runs whole (it cannot give way: the prompt
+    advances however often requests come) and short, so the second request of a burst waits little
+    for it: RESUME_MIN tokens where RESUME_SLICE buys fewer (set to nothing here: the tiny model is
+    fast), then chunks of their size before (n_ubatch here)."""
+    monkeypatch.setattr(scheduling, "RESUME_SLICE", 0.0)
+    log: list = []
+    sched = scheduler(tiny, 4096)
+    long, short = client("long", log, prompt(1200, 3), 8, progress=True), client("short", log, prompt(12, 5), 8)
+    real, sent = sched._give_way, threading.Event()
+
+    def give_way(job):
+        ask = real(job)
+
+        def asked() -> bool:
+            if not sent.is_set() and job is long and job.prefill.done >= 320:
+                sent.set()
+                sched.submit(short)
+            return ask()
+        return asked
+    sched._give_way = give_way
+    sched.submit(long)
+    sched.start()
+    assert wait_for(lambda: finished(log, "long") and finished(log, "short"), 60, 0.01)
+    sched.stop(10)
+    assert sched.chunks_given_way == 1
+    progress = [e.processed for n, e in log if n == "long" and isinstance(e, Progress)]
+    at = progress.index(320)
+    assert [b - a for a, b in zip(progress[at:at + 4], progress[at + 1:at + 4])] == [scheduling.RESUME_MIN, 32, 32], progress
 
 
 def test_a_chunk_that_gives_way_leaves_the_prompt_and_its_cache_where_they_were(tiny):

@@ -11,7 +11,8 @@ Each loop, as llama-server's continuous batching does:
   gets n_ubatch tokens. A request that comes while a chunk is computed does not wait for it: the
   chunk gives way part way (llama.cpp's abort callback; where its cells can be taken back: not on a
   model with recurrent state or a sliding window), the newcomer's prompt goes first, and the prompt's
-  next chunk runs whole (so it advances however often requests come). While answers stream, decode
+  next chunk runs whole (so it advances however often requests come) and short (RESUME_SLICE: a
+  second request of a burst waits little for it). While answers stream, decode
   goes first (Sarathi-Serve's stall-free batching, done here between steps): the prompt with the
   fewest tokens left gets the time the answers may lose, `tbt_budget - 1` times each step's time,
   credited step by step; its chunk is sized to cost about CHUNK_STEPS steps from what its last chunk
@@ -68,6 +69,8 @@ TBT_BUDGET = 1.5  # while a prompt is read, answers' time between tokens may gro
 CHUNK_STEPS = 4  # a prompt's chunk beside answers costs about this many steps (the credit spreads it)
 MIX_GAIN = 0.8  # a mixed batch is kept where it costs at most this share of its parts (the step, the tokens' chunk cost)
 PROBE_EVERY = 32  # beside answers, chunks between two tries of a mixed batch where the last one did not pay
+RESUME_SLICE = 0.125  # seconds: the chunk after one that gave way (it runs whole) costs about this, so a request that comes meanwhile waits little
+RESUME_MIN = 16  # tokens: that chunk's floor (the prompt advances at least this much between two that give way)
 SLICE_MIN = 64  # tokens: smaller chunks cost more per token on a CPU (32: 6% more than 512 here; 64: the same)
 
 
@@ -145,7 +148,7 @@ class Job:
     chunk: int = 0  # tokens of its prompt's next chunk beside answers (sized to the budget; 0: not yet measured)
     ride: int = 0  # tokens of its prompt in the answers' next step (a mixed batch; 0: not yet measured)
     chunk_s: float = 0.0  # what that chunk should cost, at its last chunk's cost per token
-    gave_way: bool = False  # its prompt's last chunk stopped part way for a newcomer: the next runs whole
+    gave_way: bool = False  # its prompt's last chunk stopped part way for a newcomer: the next runs whole, and short
     usage: object | None = None  # the HTTP request's audit.Usage: finished() adds this job's tokens
 
     def whereabouts(self) -> str:
@@ -306,6 +309,9 @@ class Scheduler:
                 continue  # the answers' next step first, or it carries this prompt (a prompt whose rest is one chunk goes: its answer starts)
             done, t = p.done, time.perf_counter()
             n = self._budget_chunk(job) if beside else self._chunk(ahead=i == 0 and len(jobs) > 1 and not self.active)
+            resumed = job.gave_way
+            if resumed:
+                n = min(n, self._resume_chunk())
             try:
                 rec = self.engine.advance(p, n, give_way=None if job.gave_way else self._give_way(job))
             except DecodeAborted:
@@ -319,7 +325,8 @@ class Scheduler:
             if beside:
                 self.credit -= took
                 self.since_probe += 1
-                self._size_chunk(job, p.done - done, took)
+                if not resumed:  # a short chunk after giving way says little of what a chunk of its size costs
+                    self._size_chunk(job, p.done - done, took)
             else:
                 self.credit = 0.0  # no answer waits on this chunk: the credit counts within one stretch of answers
             if p.done > done:
@@ -347,6 +354,14 @@ class Scheduler:
         self.chunks_given_way += 1
         if beside:
             self.credit -= took
+
+    def _resume_chunk(self) -> int:
+        """Tokens of the chunk after one that gave way: it runs whole, so the prompt advances however
+        often requests come, and costs about RESUME_SLICE at the measured rate (RESUME_MIN tokens at
+        least), so a request that comes while it runs (a second one of a burst) waits little for it."""
+        if self.eval_rate is None:
+            return RESUME_MIN
+        return max(RESUME_MIN, int(RESUME_SLICE / self.eval_rate))
 
     def _started(self, job: Job, rec: StepRecord) -> None:
         """A prompt is in: its job generates from now on, its first token delivered."""
