@@ -3,13 +3,16 @@
 prompt evaluated to that depth, with llama.cpp's flash attention on and off, side by side.
 
     python scripts/attention_depth.py [--preset coder-1.5b] [--depths 64,2300,8000] [--sizes 1,4,12,16]
-                                      [--rounds 3] [--prefill 8192] [--threads N] [--json]
+                                      [--rounds 3] [--prefill 8192] [--beside 8192] [--threads N] [--json]
 
 Two contexts over the same weights (the plan's target parameters, flash attention its only
 difference) each hold `depth` tokens; then each round times one decode of n tokens (logits for all,
 as a verify step) in each, dropped again after, the order of the two flipping every round (ABBA). The
 ratio off / on is taken per round: median (min-max). `--prefill`: seconds to evaluate that many
-tokens in n_ubatch chunks, on then off then on then off. This is the measurement behind the planner's
+tokens in n_ubatch chunks, on then off then on then off. `--beside`: a decode of n tokens of a short
+sequence (300 tokens deep) while another sequence holds that many cells, and with it empty (its cells
+saved and loaded back between rounds, ABBA): in one unified cache each decode's attention spans the
+cells in use, masked where they are another sequence's. This is the measurement behind the planner's
 choice (`--flash-attn auto`: off on a CPU).
 """
 
@@ -34,18 +37,43 @@ from app.plan.hardware import detect  # noqa: E402
 from app.plan.planner import PlanRequest, make_plan  # noqa: E402
 
 
-def fill(ctx: Context, depth: int) -> float:
+SHORT = 300  # tokens of the short sequence that decodes beside another's cells
+
+
+def fill(ctx: Context, depth: int, seq: int = 0) -> float:
     """The sequence holds `depth` tokens (evaluated in n_ubatch chunks); returns the seconds it took."""
-    ctx.seq_rm(0, 0, -1)
+    ctx.seq_rm(seq, 0, -1)
     b, step = ctx.batch, ctx.params.n_ubatch
     t = time.perf_counter()
     for c0 in range(0, depth, step):
         b.clear()
         for pos in range(c0, min(depth, c0 + step)):
-            b.add(pos % 100 + 5, pos, 0, pos == depth - 1)
+            b.add(pos % 100 + 5, pos, seq, pos == depth - 1)
         ctx.decode(b)
     ctx.synchronize()
     return time.perf_counter() - t
+
+
+def beside(ctx: Context, cells: int, sizes: list[int], rounds: int) -> dict:
+    """Seconds of a decode of n tokens of sequence 1 (SHORT deep) with sequence 0 holding `cells`
+    cells and with it empty, per n: {"held": [...], "empty": [...]} (ABBA)."""
+    fill(ctx, SHORT, seq=1)
+    fill(ctx, cells, seq=0)
+    saved, held = ctx.save_seq(0), True
+    times: dict = {n: {"held": [], "empty": []} for n in sizes}
+    for r in range(rounds):
+        for want in ((True, False) if r % 2 == 0 else (False, True)):
+            if want != held:
+                if want:
+                    ctx.load_seq(0, saved)
+                else:
+                    ctx.seq_rm(0, 0, -1)
+                held = want
+            for n in sizes:
+                times[n]["held" if held else "empty"].append(_time_decode(ctx, 1, SHORT, n, SHORT))
+    ctx.seq_rm(0, 0, -1)
+    ctx.seq_rm(1, 0, -1)
+    return times
 
 
 def main() -> int:
@@ -55,6 +83,7 @@ def main() -> int:
     ap.add_argument("--sizes", default="1,4,12,16")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--prefill", type=int, default=0, help="also time evaluating this many prompt tokens")
+    ap.add_argument("--beside", type=int, default=0, help="also time a short sequence's decodes beside another holding this many cells")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
@@ -64,9 +93,9 @@ def main() -> int:
     sel = make_selection(args, catalog_from_args(args))
     target = read_model_info(local_path(make_fetcher(offline=True), sel.target))
     hw = detect()
-    ctx_len = max(depths + [args.prefill]) + max(sizes) + 256
-    plan = make_plan(target, None, PlanRequest(device="cpu", ctx=ctx_len, ctx_is_user_choice=True, parallel=1,
-                                               flash_attn="on"), hw, ctx_len)
+    ctx_len = max(depths + [args.prefill, args.beside + SHORT]) + max(sizes) + 256
+    req = PlanRequest(device="cpu", ctx=ctx_len, ctx_is_user_choice=True, parallel=2 if args.beside else 1, flash_attn="on")
+    plan = make_plan(target, None, req, hw, ctx_len)
     model = Model(Path(target.path), 0)
     threads = args.threads or hw.cpu_count
     base = plan.target.with_rows(max(sizes))  # each decode asks logits for all its tokens, as a verify
@@ -100,6 +129,15 @@ def main() -> int:
                 print(f"prefill {args.prefill} tokens: on {statistics.median(runs[True]):.1f} s, "
                       f"off {statistics.median(runs[False]):.1f} s (off / on "
                       f"{statistics.median(runs[False]) / statistics.median(runs[True]):.2f})")
+        if args.beside:
+            result["beside"] = {"cells": args.beside, "short": SHORT, "sizes": {}}
+            runs = {on: beside(ctxs[on], args.beside, sizes, args.rounds) for on in ctxs}
+            for n in sizes:
+                row = {("on" if on else "off"): {k: statistics.median(v) * 1e3 for k, v in runs[on][n].items()} for on in ctxs}
+                result["beside"]["sizes"][n] = row
+                if not args.json:
+                    print(f"beside {args.beside} cells, n={n}: " + "  ".join(
+                        f"{k} {v['empty']:.0f} -> {v['held']:.0f} ms ({v['held'] / v['empty']:.2f})" for k, v in row.items()))
     finally:
         for ctx in ctxs.values():
             ctx.close()
