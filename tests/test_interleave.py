@@ -254,38 +254,42 @@ def test_a_greedy_answer_with_speculation_is_the_same_beside_a_prompt_as_alone(t
     assert progress[-1] == 1900
 
 
+def long_and_newcomer(tiny, arrive_at: int | None) -> tuple[list, Scheduler]:
+    """A 1,200-token prompt ("long") and a short one ("short") through the scheduler, both to their
+    8-token answers: "short" submitted from inside the long prompt's chunk once its evaluation reaches
+    `arrive_at` tokens (where the scheduler asks whether to give way, so it comes mid-chunk however
+    fast the tiny model is), or, with None, right after "long" (the answers alone)."""
+    log: list = []
+    sched = scheduler(tiny, 4096)
+    long, short = client("long", log, prompt(1200, 3), 8, progress=True), client("short", log, prompt(12, 5), 8)
+    real, sent = sched._give_way, threading.Event()
+
+    def give_way(job):
+        ask = real(job)
+
+        def asked() -> bool:
+            if arrive_at is not None and not sent.is_set() and job is long and job.prefill.done >= arrive_at:
+                sent.set()
+                sched.submit(short)
+            return ask()
+        return asked
+    sched._give_way = give_way
+    sched.submit(long)
+    if arrive_at is None:
+        sched.submit(short)
+    sched.start()
+    assert wait_for(lambda: finished(log, "long") and finished(log, "short"), 60, 0.01)
+    sched.stop(10)
+    return log, sched
+
+
 def test_a_chunk_gives_way_to_a_request_that_comes_while_it_is_computed_and_both_answers_are_as_alone(tiny):
     """A request that comes while a long prompt's chunk is being computed does not wait for that
     chunk: it stops part way (llama.cpp's abort callback, asked between the graph's nodes), the
     newcomer's prompt goes first, and the long prompt goes on from where it was; both greedy answers
-    are the same as alone. (The newcomer is submitted from inside the chunk, where the scheduler asks
-    whether to give way, so it comes mid-chunk however fast the tiny model is.)"""
-    def answers(arrive_at: int | None) -> tuple[list, Scheduler]:
-        log: list = []
-        sched = scheduler(tiny, 4096)
-        long, short = client("long", log, prompt(1200, 3), 8, progress=True), client("short", log, prompt(12, 5), 8)
-        real, sent = sched._give_way, threading.Event()
-
-        def give_way(job):
-            ask = real(job)
-
-            def asked() -> bool:
-                if arrive_at is not None and not sent.is_set() and job is long and job.prefill.done >= arrive_at:
-                    sent.set()
-                    sched.submit(short)
-                return ask()
-            return asked
-        sched._give_way = give_way
-        sched.submit(long)
-        if arrive_at is None:
-            sched.submit(short)
-        sched.start()
-        assert wait_for(lambda: finished(log, "long") and finished(log, "short"), 60, 0.01)
-        sched.stop(10)
-        return log, sched
-
-    alone, _ = answers(None)
-    log, sched = answers(320)
+    are the same as alone."""
+    alone, _ = long_and_newcomer(tiny, None)
+    log, sched = long_and_newcomer(tiny, 320)
     assert sched.chunks_given_way == 1
     events = [(n, e.processed if isinstance(e, Progress) else type(e).__name__) for n, e in log]
     after = events[[i for i, (n, x) in enumerate(events) if n == "long" and x == 320][0] + 1:]
@@ -303,25 +307,7 @@ def test_the_chunk_after_one_that_gave_way_runs_short_and_the_next_ones_as_befor
     for it: RESUME_MIN tokens where RESUME_SLICE buys fewer (set to nothing here: the tiny model is
     fast), then chunks of their size before (n_ubatch here)."""
     monkeypatch.setattr(scheduling, "RESUME_SLICE", 0.0)
-    log: list = []
-    sched = scheduler(tiny, 4096)
-    long, short = client("long", log, prompt(1200, 3), 8, progress=True), client("short", log, prompt(12, 5), 8)
-    real, sent = sched._give_way, threading.Event()
-
-    def give_way(job):
-        ask = real(job)
-
-        def asked() -> bool:
-            if not sent.is_set() and job is long and job.prefill.done >= 320:
-                sent.set()
-                sched.submit(short)
-            return ask()
-        return asked
-    sched._give_way = give_way
-    sched.submit(long)
-    sched.start()
-    assert wait_for(lambda: finished(log, "long") and finished(log, "short"), 60, 0.01)
-    sched.stop(10)
+    log, sched = long_and_newcomer(tiny, 320)
     assert sched.chunks_given_way == 1
     progress = [e.processed for n, e in log if n == "long" and isinstance(e, Progress)]
     at = progress.index(320)
