@@ -64,9 +64,9 @@ def beside(ctx: Context, cells: int, sizes: list[int], rounds: int) -> dict:
     for r in range(rounds):
         for want in ((True, False) if r % 2 == 0 else (False, True)):
             if want != held:
-                if want:
-                    ctx.load_seq(0, saved)
-                else:
+                if want and not ctx.load_seq(0, saved):
+                    raise SystemExit(f"error: the {cells:,} cells saved could not be loaded back into the context")
+                if not want:
                     ctx.seq_rm(0, 0, -1)
                 held = want
             for n in sizes:

@@ -313,7 +313,7 @@ class Scheduler:
             if resumed:
                 n = min(n, self._resume_chunk())
             try:
-                rec = self.engine.advance(p, n, give_way=None if job.gave_way else self._give_way(job))
+                rec = self.engine.advance(p, n, give_way=None if resumed else self._give_way(job))
             except DecodeAborted:
                 self._gave_way(job, beside, time.perf_counter() - t)
                 continue
@@ -359,9 +359,7 @@ class Scheduler:
         """Tokens of the chunk after one that gave way: it runs whole, so the prompt advances however
         often requests come, and costs about RESUME_SLICE at the measured rate (RESUME_MIN tokens at
         least), so a request that comes while it runs (a second one of a burst) waits little for it."""
-        if self.eval_rate is None:
-            return RESUME_MIN
-        return max(RESUME_MIN, int(RESUME_SLICE / self.eval_rate))
+        return self._slice_tokens(RESUME_SLICE, RESUME_MIN)
 
     def _started(self, job: Job, rec: StepRecord) -> None:
         """A prompt is in: its job generates from now on, its first token delivered."""
@@ -378,12 +376,16 @@ class Scheduler:
         than that; on a card that is n_ubatch anyway, and on a CPU a slice of 64 tokens or more costs
         the same per token)."""
         full = self.engine.target.params.n_ubatch
-        if ahead:
-            return full
-        least = min(SLICE_MIN, full)
+        return full if ahead else self._slice_tokens(PREFILL_SLICE, SLICE_MIN)
+
+    def _slice_tokens(self, seconds: float, least: int) -> int:
+        """Tokens of a chunk that costs about `seconds` at the measured rate: `least` at least (and
+        where nothing was measured yet), n_ubatch at most."""
+        full = self.engine.target.params.n_ubatch
+        least = min(least, full)
         if self.eval_rate is None:
             return least
-        return max(least, min(full, int(PREFILL_SLICE / self.eval_rate)))
+        return max(least, min(full, int(seconds / self.eval_rate)))
 
     def _chunk_time(self) -> float:
         """What a chunk beside answers should cost: CHUNK_STEPS steps' time. A chunk of a few tokens
