@@ -41,6 +41,11 @@ class Paths(BaseSettings):
         description="Where revisions, baselines and the chat page's conversations are written. Default: "
                     "SPECDECK_HOME/state (apart, the home may be read-only: a Kubernetes weights volume).",
     )
+    costs_dir: Path | None = Field(
+        default=None,
+        description="Where a start keeps the speculation costs it measured, for the next start of the same "
+                    "models, plan, build and machine. Default: the state folder's costs/.",
+    )
 
     @property
     def store(self) -> Path:
@@ -64,6 +69,11 @@ class Paths(BaseSettings):
     def state(self) -> Path:
         """Configuration revisions, validation baselines and the chat page's conversations."""
         return self.state_dir or self.home / "state"
+
+    @property
+    def costs(self) -> Path:
+        """Speculation costs measured at start, one file per models, plan, build and machine."""
+        return self.costs_dir or self.state / "costs"
 
     @property
     def log_dir(self) -> Path:

@@ -4,6 +4,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,6 +20,20 @@ from app.models.fetch import Fetcher  # noqa: E402
 from app.settings import HubSettings, Paths  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def pytest_configure(config) -> None:
+    """The servers of one run share the speculation costs they measure (app/server/costs.py), as
+    starts on one machine do: each plan is calibrated once a run, not once a server start (28 s of
+    a start of the CPU pair). A test of the costs' own keeping sets its own folder."""
+    if "SPECDECK_COSTS_DIR" not in os.environ:
+        config.specdeck_costs = tempfile.mkdtemp(prefix="specdeck-costs-")
+        os.environ["SPECDECK_COSTS_DIR"] = config.specdeck_costs
+
+
+def pytest_unconfigure(config) -> None:
+    if getattr(config, "specdeck_costs", None):
+        shutil.rmtree(config.specdeck_costs, ignore_errors=True)
 
 
 def pytest_report_header(config) -> list[str]:

@@ -7,11 +7,13 @@ lines to the user's terminal unless asked (SPECDECK_LLAMA_LOG=1).
 from __future__ import annotations
 
 import ctypes
+import functools
 import logging
 import os
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import llama_cpp
 
@@ -55,3 +57,24 @@ def init_llama() -> None:
         mtmd_cpp.mtmd_helper_log_set(_on_log, ctypes.c_void_p(0))
         llama_cpp.llama_backend_init()
         _ready = True
+
+
+@functools.cache
+def library_identity() -> str:
+    """Which libllama this process runs, on which CPU: its version, its library file (size and time:
+    a rebuild is another library), the CPU backend's compiled features, and the processor's model
+    name and core count. Figures measured with one library on one machine hold for that pair only."""
+    init_llama()
+    lib = Path(llama_cpp.__file__).parent / "lib"
+    files = sorted(f"{f.name}:{f.stat().st_size}:{f.stat().st_mtime_ns}" for f in lib.glob("lib*.so")
+                   if not f.is_symlink()) if lib.is_dir() else []
+    return " | ".join([llama_cpp.__version__, *files, llama_cpp.llama_print_system_info().decode(errors="replace").strip(),
+                       _cpu_name(), str(os.cpu_count())])
+
+
+def _cpu_name() -> str:
+    try:
+        lines = Path("/proc/cpuinfo").read_text(errors="replace").splitlines()
+    except OSError:
+        return "unknown"
+    return next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), "unknown")

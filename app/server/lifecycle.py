@@ -17,6 +17,7 @@ from app.engine.embed import Embedder
 from app.engine.loader import Loaded, load
 from app.gguf.info import ModelInfo
 from app.server.app import Service, create_app
+from app.server.costs import keep_costs, saved_costs
 from app.server.model_start import ModelStart, Start
 from app.server.scheduler import Scheduler
 from app.server.settings import ServeSettings
@@ -52,10 +53,18 @@ def model_settings(settings: ServeSettings, m: ModelStart) -> ServeSettings:
 
 def load_model(m: ModelStart, threads: int, settings: ServeSettings, cancel: threading.Event | None = None,
                costs=None) -> Loaded:
-    """The model's contexts and engine; `costs`: the speculation costs its earlier load measured."""
-    return load(m.plan, m.target, m.draft, threads, adaptive=settings.speculative, suffix_tokens=settings.suffix_tokens,
-                cache_ram_mib=settings.cache_ram, cancel=cancel, chat_template=m.chat_template, mmproj=m.mmproj,
-                costs=costs, head=m.head)
+    """The model's contexts and engine; `costs`: the speculation costs its earlier load measured, else
+    those an earlier start of the same models, plan, build and machine kept (app/server/costs.py)."""
+    fresh = settings.speculative and costs is None
+    if fresh:
+        costs = saved_costs(m, threads)
+        fresh = costs is None
+    loaded = load(m.plan, m.target, m.draft, threads, adaptive=settings.speculative, suffix_tokens=settings.suffix_tokens,
+                  cache_ram_mib=settings.cache_ram, cancel=cancel, chat_template=m.chat_template, mmproj=m.mmproj,
+                  costs=costs, head=m.head)
+    if fresh and loaded.costs is not None:
+        keep_costs(m, threads, loaded.costs)
+    return loaded
 
 
 def go_live(service: Service, app, loaded: Loaded, m: ModelStart, settings: ServeSettings, threads: int,
