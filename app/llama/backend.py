@@ -17,6 +17,8 @@ from pathlib import Path
 
 import llama_cpp
 
+from app.build.isa import read_cpu
+
 log = logging.getLogger("specdeck.llama")
 _lock = threading.Lock()
 _ready = False
@@ -61,20 +63,14 @@ def init_llama() -> None:
 
 @functools.cache
 def library_identity() -> str:
-    """Which libllama this process runs, on which CPU: its version, its library file (size and time:
+    """Which libllama this process runs, on which CPU: its version, its library files (size and time:
     a rebuild is another library), the CPU backend's compiled features, and the processor's model
-    name and core count. Figures measured with one library on one machine hold for that pair only."""
+    name, flags and core count. Figures measured with one library on one machine hold for that pair."""
     init_llama()
+    cpu = read_cpu()
     lib = Path(llama_cpp.__file__).parent / "lib"
     files = sorted(f"{f.name}:{f.stat().st_size}:{f.stat().st_mtime_ns}" for f in lib.glob("lib*.so")
                    if not f.is_symlink()) if lib.is_dir() else []
     return " | ".join([llama_cpp.__version__, *files, llama_cpp.llama_print_system_info().decode(errors="replace").strip(),
-                       _cpu_name(), str(os.cpu_count())])
+                       cpu.machine, cpu.model, " ".join(sorted(cpu.flags)), str(os.cpu_count())])
 
-
-def _cpu_name() -> str:
-    try:
-        lines = Path("/proc/cpuinfo").read_text(errors="replace").splitlines()
-    except OSError:
-        return "unknown"
-    return next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), "unknown")
