@@ -64,13 +64,11 @@ def init_llama() -> None:
 @functools.cache
 def library_identity() -> str:
     """Which libllama this process runs, on which CPU: its version, its library files (size and time:
-    a rebuild is another library), the CPU backend's compiled features, and the processor's model
-    name, flags and core count. Figures measured with one library on one machine hold for that pair."""
-    init_llama()
+    a rebuild, with other compiled features, is other files), and the processor's model name, flags
+    and core count. Figures measured with one library on one machine hold for that pair."""
     cpu = read_cpu()
     lib = Path(llama_cpp.__file__).parent / "lib"
     files = sorted(f"{f.name}:{f.stat().st_size}:{f.stat().st_mtime_ns}" for f in lib.glob("lib*.so")
                    if not f.is_symlink()) if lib.is_dir() else []
-    return " | ".join([llama_cpp.__version__, *files, llama_cpp.llama_print_system_info().decode(errors="replace").strip(),
-                       cpu.machine, cpu.model, " ".join(sorted(cpu.flags)), str(os.cpu_count())])
-
+    return " | ".join([llama_cpp.__version__, *files, cpu.machine, cpu.model, " ".join(sorted(cpu.flags)),
+                       str(os.cpu_count())])

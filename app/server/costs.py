@@ -47,12 +47,12 @@ def _path(m: ModelStart, threads: int) -> Path:
     return paths().costs / f"{costs_key(m, threads)}.json"
 
 
-def saved_costs(m: ModelStart, threads: int, now: float | None = None) -> CostModel | None:
+def saved_costs(m: ModelStart, threads: int) -> CostModel | None:
     """The costs a start of the same key measured less than MAX_AGE ago, or None."""
     path = _path(m, threads)
     try:
         data = json.loads(path.read_text())
-        if (now or time.time()) - float(data["measured"]) > MAX_AGE:
+        if time.time() - float(data["measured"]) > MAX_AGE:
             return None
         costs = CostModel({int(n): float(s) for n, s in data["verify"].items()}, data["draft"], data["draft_prefill"])
     except FileNotFoundError:

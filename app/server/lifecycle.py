@@ -55,14 +55,12 @@ def load_model(m: ModelStart, threads: int, settings: ServeSettings, cancel: thr
                costs=None) -> Loaded:
     """The model's contexts and engine; `costs`: the speculation costs its earlier load measured, else
     those an earlier start of the same models, plan, build and machine kept (app/server/costs.py)."""
-    fresh = settings.speculative and costs is None
-    if fresh:
+    if costs is None and settings.speculative:
         costs = saved_costs(m, threads)
-        fresh = costs is None
     loaded = load(m.plan, m.target, m.draft, threads, adaptive=settings.speculative, suffix_tokens=settings.suffix_tokens,
                   cache_ram_mib=settings.cache_ram, cancel=cancel, chat_template=m.chat_template, mmproj=m.mmproj,
                   costs=costs, head=m.head)
-    if fresh and loaded.costs is not None:
+    if costs is None and loaded.costs is not None:  # measured by this load
         keep_costs(m, threads, loaded.costs)
     return loaded
 
