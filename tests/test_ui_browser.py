@@ -318,6 +318,40 @@ def test_a_hostile_conversation_runs_no_script(tab, site):
     assert tab.errors == [], tab.errors  # not even a blocked attempt: raw HTML is text, never parsed as markup
 
 
+
+def test_a_conversation_clicked_while_the_page_reopens_the_last_one_is_the_one_shown(tab, site):
+    """At start the page reopens the last conversation; one clicked before that answer comes is the one
+    shown (the later answer is dropped), not the one the page was reopening."""
+    page = tab.page
+    for title, words in (("race first", "the first one"), ("race second", "the second one")):
+        line = json.dumps({"title": title, "messages": [{"role": "user", "content": words},
+                                                        {"role": "assistant", "content": "ok " + words}]})
+        assert httpx.post(site.url + "/ui/api/import", content=line + "\n").status_code == 200
+    page.reload()
+    page.locator('[data-testid="conversation"]', has_text="race first").first.click()
+    page.wait_for_selector('[data-testid="message-user"]:has-text("the first one")')
+    first = page.locator('[data-testid="conversation"]', has_text="race first").first.get_attribute("data-id")
+    held = []
+
+    def hold(route) -> None:  # the page's reopening waits here until released
+        held.append(route)
+    page.route(f"**/ui/api/conversations/{first}", hold)
+    try:
+        page.reload()
+        page.wait_for_function("() => document.querySelectorAll('[data-testid=conversation]').length > 0")
+        page.wait_for_timeout(200)
+        assert len(held) == 1, "the page did not reopen the last conversation at start"
+        page.locator('[data-testid="conversation"]', has_text="race second").first.click()
+        page.wait_for_selector('[data-testid="message-user"]:has-text("the second one")')
+        held[0].continue_()
+        page.wait_for_timeout(500)
+    finally:
+        page.unroute(f"**/ui/api/conversations/{first}", hold)
+    assert "the second one" in page.inner_text("#messages") and "the first one" not in page.inner_text("#messages")
+    assert page.locator('[data-testid="conversation"].active').inner_text().startswith("race second")
+    assert tab.errors == [], tab.errors
+
+
 # -- the monitor (/ui/monitor): the same page, server and browser --------------------------------
 
 def chart_data(page, chart: str) -> list[list]:

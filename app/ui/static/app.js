@@ -9,7 +9,7 @@ const $ = (id) => document.getElementById(id);
 const state = {
   key: sessionStorage.getItem("specdeck.key") || localStorage.getItem("specdeck.key") || "",
   conversations: [], current: null, models: [], attachments: [], following: new Map(), search: "",
-  defaults: {}, down: false,
+  defaults: {}, down: false, opening: null,
 };
 const SETTINGS = ["temperature", "top_p", "top_k", "min_p", "max_tokens", "seed"];
 
@@ -222,6 +222,7 @@ function button(text, title, onclick) {
 function newConversation() {
   // a conversation is made on the server with its first message (sendTurn), not before
   state.current = null;
+  state.opening = null;
   sessionStorage.removeItem("specdeck.conversation");
   renderList();
   renderConversation();
@@ -235,7 +236,10 @@ async function createConversation() {
 }
 
 async function openConversation(id) {
-  state.current = await getJSON("/ui/api/conversations/" + encodeURIComponent(id));
+  state.opening = id; // the last one asked for wins: a click while the page opens the previous one at start
+  const c = await getJSON("/ui/api/conversations/" + encodeURIComponent(id));
+  if (state.opening !== id) return;
+  state.current = c;
   sessionStorage.setItem("specdeck.conversation", id);
   if (state.current.model && state.models.some((m) => m.id === state.current.model)) $("model").value = state.current.model;
   $("system").value = state.current.system || "";
