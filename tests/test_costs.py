@@ -1,5 +1,5 @@
 """A start keeps the speculation costs it measured (app/server/costs.py), and the next start of the
-same models, plan, threads and library reuses them instead of timing decodes again; anything else
+same models, plan (at any context size), threads and library reuses them instead of timing decodes again; anything else
 changed, a week gone, or a file that does not read: measured again. A folder that cannot be written
 never stops a start. On the tiny pair, loaded as `serve` loads a model (`load_model`)."""
 
@@ -22,9 +22,9 @@ from app.server.settings import ServeSettings
 EDITED = 123.0  # a verify cost no decode of the tiny target takes: seen again only if the file was read
 
 
-def start_of(tiny, parallel: int = 2) -> ModelStart:
+def start_of(tiny, parallel: int = 2, ctx: int = 512) -> ModelStart:
     t, d = read_model_info(tiny.target), read_model_info(tiny.draft)
-    plan = make_plan(t, d, PlanRequest(ctx=512, ctx_is_user_choice=True, parallel=parallel, draft_max=4), detect(), 512)
+    plan = make_plan(t, d, PlanRequest(ctx=ctx, ctx_is_user_choice=True, parallel=parallel, draft_max=4), detect(), 512)
     return ModelStart("tiny", plan, t, d)
 
 
@@ -65,6 +65,10 @@ def test_a_start_reuses_what_an_earlier_start_of_the_same_plan_measured(tiny, co
     edit(kept)
     assert verify_one(m) == EDITED  # read back, not measured
     assert "speculation costs as measured at" in caplog.text and str(kept) in caplog.text
+    # another context size: the same costs (a decode's cost follows the cells in use, not those allocated)
+    bigger = start_of(tiny, ctx=1024)
+    assert bigger.plan.target.n_ctx > m.plan.target.n_ctx and verify_one(bigger) == EDITED
+    assert len(saved(costs)) == 1
     # another thread count, another plan: each measured and kept beside
     assert verify_one(m, threads=2) != EDITED
     assert verify_one(start_of(tiny, parallel=1)) != EDITED

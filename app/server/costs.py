@@ -2,7 +2,7 @@
 
 Calibration (app/engine/calibration.py) times target decodes of every size a verify may have and
 the draft model's token: on the CPU pair with 2 cores, 28 s of a 34 s start. Those figures depend
-only on the model files, the contexts the plan makes, the threads, the llama.cpp library and the
+only on the model files, the contexts the plan makes (not their sizes), the threads, the llama.cpp library and the
 machine, so a start with all of those the same reuses them. The controller corrects them from the
 steps it runs, as it does freshly measured ones; a week on, or with anything in the key changed, a
 start measures again. One JSON file per key in `paths().costs`. Nothing here may stop a start: a file
@@ -20,6 +20,7 @@ from pathlib import Path
 
 from app.engine.controller import CostModel
 from app.llama.backend import library_identity
+from app.llama.params import ModelParams
 from app.server.model_start import ModelStart
 from app.settings import paths
 
@@ -33,12 +34,25 @@ def _file(path: Path) -> str:
     return f"{path.resolve()}:{st.st_size}:{st.st_mtime_ns}"
 
 
+SHALLOW = 256  # tokens: calibration decodes at most 65 at a time, at a depth of at most 64
+
+
+def _context(params: ModelParams | None) -> dict | None:
+    """A context's settings as its costs depend on them: its size and its logical batch only up to
+    SHALLOW (past that they bound nothing calibration does: a decode's cost follows the cells in use,
+    not those allocated, and its tokens, not how many one call could take), so a start with another
+    --ctx reuses what one measured."""
+    if params is None:
+        return None
+    return {**asdict(params), "n_ctx": min(params.n_ctx, SHALLOW), "n_batch": min(params.n_batch, SHALLOW)}
+
+
 def costs_key(m: ModelStart, threads: int) -> str:
     """What the costs depend on, hashed: the files, the contexts, the threads, the library and CPU."""
     plan = m.plan
     parts = {"target": _file(m.target.path), "draft": _file(m.draft.path) if m.draft is not None else None,
              "head": m.head.name if m.head is not None else None, "parallel": plan.parallel, "draft_max": plan.draft_max,
-             "contexts": [asdict(p) if p is not None else None for p in (plan.target, plan.draft, plan.head)],
+             "contexts": [_context(p) for p in (plan.target, plan.draft, plan.head)],
              "threads": threads, "library": library_identity()}
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:32]
 
