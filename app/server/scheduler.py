@@ -330,7 +330,8 @@ class Scheduler:
             else:
                 self.credit = 0.0  # no answer waits on this chunk: the credit counts within one stretch of answers
             if p.done > done:
-                self.eval_rate = took / (p.done - done)
+                if p.done - done >= SLICE_MIN or self.eval_rate is None:  # a few tokens cost about a step: no rate
+                    self.eval_rate = took / (p.done - done)
                 self.on_prompt(p.done - done)
             if job.progress:
                 job.send(Progress.of(p))
