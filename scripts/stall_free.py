@@ -20,8 +20,8 @@ and once its first progress chunk shows it is being read, the completion and the
 The answers are drafted from their own text only (`"speculative": {"cross_request": false}`): beside,
 the same prompt's answer alone would otherwise be drafted whole from the suffix index. What the
 issue asks: completion total beside / alone <= 1.5 by default; the long prompt's time beside <= its
-time alone + the answers' time alone, +5 %. Medians with min-max over
-the rounds; loopback only; stops by itself.
+time alone + the answers' time alone, +5 %. Medians with min-max over the rounds; loopback only;
+stops by itself.
 """
 
 from __future__ import annotations

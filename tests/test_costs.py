@@ -1,6 +1,6 @@
 """A start keeps the speculation costs it measured (app/server/costs.py), and the next start of the
-same models, plan (at any context size), threads and library reuses them instead of timing decodes again; anything else
-changed, a week gone, or a file that does not read: measured again. A folder that cannot be written
+same models, plan (at any context size), threads and library reuses them instead of timing decodes
+again; anything else changed, a week gone, or a file that does not read: measured again. A folder that cannot be written
 never stops a start. On the tiny pair, loaded as `serve` loads a model (`load_model`)."""
 
 from __future__ import annotations

@@ -318,7 +318,6 @@ def test_a_hostile_conversation_runs_no_script(tab, site):
     assert tab.errors == [], tab.errors  # not even a blocked attempt: raw HTML is text, never parsed as markup
 
 
-
 def test_a_conversation_clicked_while_the_page_reopens_the_last_one_is_the_one_shown(tab, site):
     """At start the page reopens the last conversation; one clicked before that answer comes is the one
     shown (the later answer is dropped), not the one the page was reopening."""

@@ -16,6 +16,9 @@ from app.engine.drafters.base import HeadDrafter
 from app.llama.context import Context, LoadCancelled
 
 
+PREFIX = 64  # tokens decoded before the timed ones (a quarter of a smaller context)
+SIZE_BOUND = 4 * PREFIX  # a context of at least this many cells calibrates as any larger one does
+
 def _prefix(ctx: Context, seq: int, n: int) -> None:
     ctx.seq_rm(seq, 0, -1)
     b = ctx.batch
@@ -57,7 +60,7 @@ def calibrate(target: Context, draft: Context | None, k_max: int, reps: int = 3,
     before each timed decode, ends it with LoadCancelled (a stop during start-up). `head`: a drafter on
     the target's own model drafts (its MTP head: its token's cost is its own to time; it never catches
     up, and it follows each target decode, which the verify times include)."""
-    prefix = min(64, target.n_ctx // 4)
+    prefix = min(PREFIX, target.n_ctx // 4)
     k_max = min(k_max, target.n_ctx - prefix - 2)
     if target.params.n_outputs_max:  # a verify of more rows than the context was made for is refused
         k_max = min(k_max, target.params.n_outputs_max - 1)

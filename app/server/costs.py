@@ -2,10 +2,10 @@
 
 Calibration (app/engine/calibration.py) times target decodes of every size a verify may have and
 the draft model's token: on the CPU pair with 2 cores, 28 s of a 34 s start. Those figures depend
-only on the model files, the contexts the plan makes (not their sizes), the threads, the llama.cpp library and the
-machine, so a start with all of those the same reuses them. The controller corrects them from the
-steps it runs, as it does freshly measured ones; a week on, or with anything in the key changed, a
-start measures again. One JSON file per key in `paths().costs`. Nothing here may stop a start: a file
+only on the model files, the contexts the plan makes (not their sizes), the threads, the llama.cpp
+library and the machine, so a start with all of those the same reuses them. The controller corrects
+them from the steps it runs, as it does freshly measured ones; a week on, or with anything in the key
+changed, a start measures again. One JSON file per key in `paths().costs`. Nothing here may stop a start: a file
 that does not read is measured over, one that cannot be written is said once and skipped.
 """
 
@@ -18,6 +18,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
+from app.engine.calibration import SIZE_BOUND
 from app.engine.controller import CostModel
 from app.llama.backend import library_identity
 from app.llama.params import ModelParams
@@ -34,17 +35,14 @@ def _file(path: Path) -> str:
     return f"{path.resolve()}:{st.st_size}:{st.st_mtime_ns}"
 
 
-SHALLOW = 256  # tokens: calibration decodes at most 65 at a time, at a depth of at most 64
-
-
 def _context(params: ModelParams | None) -> dict | None:
     """A context's settings as its costs depend on them: its size and its logical batch only up to
-    SHALLOW (past that they bound nothing calibration does: a decode's cost follows the cells in use,
-    not those allocated, and its tokens, not how many one call could take), so a start with another
-    --ctx reuses what one measured."""
+    SIZE_BOUND (past that they bound nothing calibration does: a decode's cost follows the cells in
+    use, not those allocated, and its tokens, not how many one call could take), so a start with
+    another --ctx reuses what one measured."""
     if params is None:
         return None
-    return {**asdict(params), "n_ctx": min(params.n_ctx, SHALLOW), "n_batch": min(params.n_batch, SHALLOW)}
+    return {**asdict(params), "n_ctx": min(params.n_ctx, SIZE_BOUND), "n_batch": min(params.n_batch, SIZE_BOUND)}
 
 
 def costs_key(m: ModelStart, threads: int) -> str:
