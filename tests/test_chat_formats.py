@@ -101,6 +101,18 @@ CASES = [
      Parsed("Two plus two.", "The answer is 4.", [])),
     ("deepseek-r1", ChatSpec(None, THINK), False, "<think>\nTwo plus two.\n</think>\n\nThe answer is 4.",
      Parsed("Two plus two.", "The answer is 4.", [])),
+    # A model that thinks again after closing its reasoning (seen sampled on the CPU pair with Qwen3.5's
+    # template): the later block is reasoning too, its markers never content.
+    ("qwen3-thinks-again", ChatSpec(None, THINK), True,
+     "Light scatters.\n</think>\n\n<think>\nRayleigh scattering.\n</think>\nBlue light scatters most. Done.",
+     Parsed("Light scatters.\n\nRayleigh scattering.", "Blue light scatters most. Done.", [])),
+    ("qwen3-coder-opens-again", ChatSpec(F["qwen3-coder"], THINK), True,
+     f"<think>\nHm.\n</think>\n\nChecking.\n{XML_RAIN}", Parsed("Hm.", "Checking.", [RAIN])),
+    ("qwen3-thinks-between", ChatSpec(None, THINK), True,
+     "A.</think>First part. <think>B.</think>Second part.", Parsed("A.\n\nB.", "First part. Second part.", [])),
+    ("gemma4-thinks-again", ChatSpec(F["gemma4"], CHANNEL), False,
+     f"<|channel>thought\nOne.<channel|>Checking.<|channel>thought\nTwo.<channel|>{GEMMA_RAIN}",
+     Parsed("One.\n\nTwo.", "Checking.", [RAIN])),
 ]
 
 
