@@ -423,3 +423,20 @@ def test_mixed_auto_keeps_a_mixed_batch_only_where_it_costs_less_than_its_parts(
     assert sched.mix_pays is True
     sched._measure_ride(job, 8, 0.045)  # 5 ms beyond the step for 8 tokens: the budget's 20 ms holds 32 (at most 2x a time)
     assert sched.mix_pays is True and job.ride == 16
+
+
+def test_the_prompt_rate_comes_from_whole_chunks_not_a_few_tokens():
+    """A chunk of a few tokens (a resent prompt's last token) costs about a step: the rate the mixed
+    batch's pay test uses stays the last whole chunk's, or riding would look as if it paid."""
+    from app.server.scheduler import SLICE_MIN
+
+    sched = Scheduler.__new__(Scheduler)
+    sched.eval_rate = None
+    sched._note_rate(3, 0.09)  # the first chunk sets a rate, whatever its size
+    assert sched.eval_rate == pytest.approx(0.03)
+    sched._note_rate(SLICE_MIN, SLICE_MIN * 0.01)
+    assert sched.eval_rate == pytest.approx(0.01)
+    sched._note_rate(1, 0.083)  # one token at a step's cost
+    assert sched.eval_rate == pytest.approx(0.01)
+    sched._note_rate(2 * SLICE_MIN, 2 * SLICE_MIN * 0.012)
+    assert sched.eval_rate == pytest.approx(0.012)

@@ -330,13 +330,19 @@ class Scheduler:
             else:
                 self.credit = 0.0  # no answer waits on this chunk: the credit counts within one stretch of answers
             if p.done > done:
-                if p.done - done >= SLICE_MIN or self.eval_rate is None:  # a few tokens cost about a step: no rate
-                    self.eval_rate = took / (p.done - done)
+                self._note_rate(p.done - done, took)
                 self.on_prompt(p.done - done)
             if job.progress:
                 job.send(Progress.of(p))
             if rec is not None:
                 self._started(job, rec)
+
+    def _note_rate(self, tokens: int, took: float) -> None:
+        """The prompt tokens' rate, from a chunk of SLICE_MIN tokens or more (or the first, where none
+        was measured): a few tokens cost about a step, and taken as a rate they would make a mixed
+        batch look as if it paid."""
+        if tokens >= SLICE_MIN or self.eval_rate is None:
+            self.eval_rate = took / tokens
 
     def _give_way(self, job: Job) -> Callable[[], bool]:
         """What stops a prompt's chunk part way: a request that came since it began, with a slot free
