@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import json
 import math
+import threading
 import time
 
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from support.live import LiveServer, free_port, wait_for
+from support.live import LiveServer, Serve, free_port, wait_for
 from support.tinymodels import write_tiny_model
 
 from app.engine.records import RequestRecord, StepRecord
@@ -249,3 +250,38 @@ def test_the_monitor_needs_a_key_where_the_server_has_keys(pair, tmp_path):
         assert ok
     finally:
         s.close()
+
+
+def test_a_stop_ends_an_open_monitor_stream_instead_of_waiting_out_its_grace(pair, tmp_path):
+    """A monitor left open in a browser holds a live stream with no end of its own: on SIGTERM it ends,
+    and the server exits without waiting for uvicorn's graceful timeout (before: a minute, then a
+    CancelledError traceback in the log)."""
+    from app.server.serve import GRACEFUL_LIMIT
+
+    port = free_port()
+    s = Serve("--target", str(pair[0]), "--draft", str(pair[1]), "--ctx", "512", "--parallel", "1",
+              "--port", str(port), env={"SPECDECK_HOME": str(tmp_path / "home")})
+    ended: dict = {}
+
+    def watch() -> None:
+        with httpx.stream("GET", f"http://127.0.0.1:{port}/ui/api/live", timeout=GRACEFUL_LIMIT * 2) as r:
+            ended["status"] = r.status_code
+            for line in r.iter_lines():
+                if line.startswith("data: "):
+                    ended["rows"] = ended.get("rows", 0) + 1
+        ended["at"] = time.monotonic()
+
+    try:
+        assert s.wait_line("serving on", stall=120), s.output
+        watcher = threading.Thread(target=watch, daemon=True)
+        watcher.start()
+        assert wait_for(lambda: ended.get("rows", 0) >= 2, 30), ended
+        asked = time.monotonic()
+        assert s.stop() == 0, s.output[-3000:]
+        stopped = time.monotonic() - asked
+        watcher.join(5)
+    finally:
+        s.stop()
+    assert ended["status"] == 200 and "at" in ended, ended
+    assert stopped < GRACEFUL_LIMIT / 2, (stopped, s.output[-3000:])
+    assert "Traceback" not in s.output and "graceful shutdown exceeded" not in s.output, s.output[-3000:]

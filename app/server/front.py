@@ -146,7 +146,7 @@ def create_front(settings: ServeSettings, fleet: Fleet) -> FastAPI:
         return m.name
 
     if settings.ui:
-        mount_ui(app, history, resolve)
+        mount_ui(app, history, resolve, fleet.draining.is_set)
 
     @app.get("/health")
     async def health(fail_on_no_slot: bool = False):

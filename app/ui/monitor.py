@@ -33,9 +33,11 @@ def rows(cols: dict[str, list]) -> list[dict]:
     return [{k: v[i] for k, v in cols.items()} for i in range(len(cols["t"]))]
 
 
-def build_monitor_router(history: History, resolve: Callable[[str | None], str]) -> APIRouter:
+def build_monitor_router(history: History, resolve: Callable[[str | None], str],
+                         stopping: Callable[[], bool] = lambda: False) -> APIRouter:
     """`resolve`: a model name as a request gives it (None: the default) to the served model's
-    name, or an HTTPException (the server's one name rule)."""
+    name, or an HTTPException (the server's one name rule). `stopping`: the server is stopping, and
+    live streams end (a watcher's stream has no end of its own: a stop would wait out its grace)."""
     r = APIRouter(prefix="/ui/api", include_in_schema=False)
 
     @r.get("/series")
@@ -54,7 +56,7 @@ def build_monitor_router(history: History, resolve: Callable[[str | None], str])
 
         async def events():
             last = -math.inf if start is None else start
-            while not await request.is_disconnected():
+            while not stopping() and not await request.is_disconnected():
                 newest = history.last_t()
                 if newest is not None and newest > last:
                     for row in rows(history.columns(name, last)):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -242,14 +243,14 @@ async def sse(snapshots) -> Any:
         nxt.cancel()
 
 
-def mount(app: FastAPI, history: History, resolve, db: Path | None = None) -> None:
+def mount(app: FastAPI, history: History, resolve, stopping: Callable[[], bool], db: Path | None = None) -> None:
     """The page (chat and monitor), its files and its API on the server's app; the conversations in
     `db` (default: specdeck's state folder), the monitor's figures in `history` (`resolve`: a
-    model name to the served model's, see build_monitor_router)."""
+    model name to the served model's, `stopping`: the server is stopping; see build_monitor_router)."""
     store = Store(db or Paths().state / "conversations.sqlite3")
     app.state.ui = Ui(store, Turns(store))
     app.include_router(build_router(store, app.state.ui.turns))
-    app.include_router(build_monitor_router(history, resolve))
+    app.include_router(build_monitor_router(history, resolve, stopping))
     app.mount("/ui/static", StaticFiles(directory=STATIC), name="ui-static")
 
     @app.get("/ui", include_in_schema=False)
