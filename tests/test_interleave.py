@@ -440,3 +440,33 @@ def test_the_prompt_rate_comes_from_whole_chunks_not_a_few_tokens():
     assert sched.eval_rate == pytest.approx(0.01)
     sched._note_rate(2 * SLICE_MIN, 2 * SLICE_MIN * 0.012)
     assert sched.eval_rate == pytest.approx(0.012)
+
+
+def test_a_ride_is_judged_against_its_own_step_not_the_average_of_other_answers_steps():
+    """The steps' moving average is not updated while every step carries a prompt, and an answer's
+    9-token verifies (0.23 s) are no measure of a completion's 1-token steps (0.13 s): judged against
+    them, a mixed step of 0.2 s looked free and its ride doubled each step (beside a 16K prompt the
+    completion's steps rode to 3.4 x their cost alone). Against what this step costs alone, the ride
+    shrinks to the budget."""
+    sched = Scheduler.__new__(Scheduler)
+    sched.tbt_budget, sched.step_time, sched.eval_rate, sched.on_prompt = 1.5, 0.23, 0.02, lambda n: None
+    job = Client(Request(prompt=[1, 2]), LOOP, 0.0)
+    sched._measure_ride(job, 8, 0.2, alone=0.13)  # 0.07 s beyond its step for 8 tokens; the budget allows 0.065
+    assert job.ride == 7
+    job.ride = 0
+    sched._measure_ride(job, 8, 0.2)  # no cost model: the average, as before
+    assert job.ride == 16
+
+
+def test_a_steps_cost_alone_is_its_drafting_and_its_verify_at_the_measured_costs():
+    from app.engine.controller import Controller, CostModel
+    from app.engine.records import StepRecord
+
+    eng = Engine.__new__(Engine)
+    eng.costs = Controller(CostModel({1: 0.10, 2: 0.11, 8: 0.20, 16: 0.30}))
+    recs = [StepRecord(slot=0, tokens=[5], drafted=0, accepted=0, k=0, drafter="none", t_draft=0.0, t_verify=0.0, t_sample=0.0),
+            StepRecord(slot=1, tokens=[5, 6], drafted=6, accepted=1, k=6, drafter="draft", t_draft=0.03, t_verify=0.0, t_sample=0.0)]
+    assert eng.unmixed_cost(recs) == pytest.approx(0.03 + 0.20)  # 1 + 7 tokens verified
+    assert eng.unmixed_cost([]) is None
+    eng.costs = None
+    assert eng.unmixed_cost(recs) is None

@@ -176,6 +176,10 @@ class Controller:
             self.costs.observe_verify(n, seconds)
             self._limits.clear()
 
+    def verify_cost(self, n: int) -> float:
+        """Seconds a verify decode of n tokens costs, as measured."""
+        return self.costs.c_verify(n)
+
     def alpha(self, key: str, seq: int | None = None) -> float:
         """The request's own estimate for this key where it has one, capped by what the request's
         drafts of the key's group have shown so far; for a key new to the request, the group's

@@ -84,6 +84,8 @@ class CostObserver(Protocol):
 
     def observe_verify(self, n: int, seconds: float) -> None: ...
 
+    def verify_cost(self, n: int) -> float: ...
+
 
 class Engine:
     def __init__(self, target: Context, drafter: Drafter | None, n_slots: int, draft_limit: int | None = None,
@@ -302,6 +304,14 @@ class Engine:
         if ride is not None:
             self._rode(ride[0], end, last, t_verify * len(slots))
         return ended + kept
+
+    def unmixed_cost(self, records: Sequence[StepRecord]) -> float | None:
+        """What the step that gave `records` would have cost with no prompt's tokens in its batch: its
+        drafting as timed, and a verify of its tokens at the cost model's figure (learnt from unmixed
+        steps only). None without a cost model."""
+        if self.costs is None or not records:
+            return None
+        return sum(r.t_draft for r in records) + self.costs.verify_cost(sum(r.drafted + 1 for r in records))
 
     def rider_room(self, slots: Sequence[Slot], p: Prefill) -> int:
         """How many of the prompt's next tokens may go in the next step's verify decode of `slots`:

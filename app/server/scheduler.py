@@ -444,11 +444,15 @@ class Scheduler:
             n = int((self.tbt_budget - 1) * (self.step_time or 0.0) / self.eval_rate)
         return max(1, min(n, room))
 
-    def _measure_ride(self, job: Job, n: int, took: float) -> None:
+    def _measure_ride(self, job: Job, n: int, took: float, alone: float | None = None) -> None:
         """A mixed step's cost against its parts (the step alone, the tokens at the chunks' rate), and
         the next one's tokens: as many as keep the step within the budget at this step's cost per
-        token beyond the step alone (moved at most 2x a time)."""
-        step = self.step_time or took
+        token beyond the step alone (moved at most 2x a time). `alone`: what this step would have cost
+        unmixed (its drafting and its verify's size at the measured costs); the steps' moving average
+        only where there is none: while every step carries the prompt it is not updated, and one of
+        an answer's 9-token verifies is no measure of a completion's 1-token steps (with it, the
+        completion's steps beside a 16K prompt rode to 3.4 x their cost alone)."""
+        step = alone or self.step_time or took
         if self.eval_rate:
             self.mix_pays = took <= MIX_GAIN * (step + n * self.eval_rate)
         self.since_probe = 0
@@ -537,7 +541,7 @@ class Scheduler:
             return
         took = time.perf_counter() - t
         if rider is not None and rider.prefill.done > done:
-            self._measure_ride(rider, rider.prefill.done - done, took)
+            self._measure_ride(rider, rider.prefill.done - done, took, self.engine.unmixed_cost(records))
             self._ridden(rider)
         else:
             self._stepped(took)
