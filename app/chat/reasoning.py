@@ -25,16 +25,9 @@ class Reasoning:
         model that writes the opening the prompt already wrote opens nothing new, so no marker ever
         reaches the rest. Partial: text that may still become a marker is held (neither reasoning nor
         rest)."""
-        if not started:
-            lead = text.lstrip()
-            if lead.startswith(self.opening):
-                text, started = lead[len(self.opening):], True
-            elif not final and lead and self.opening.startswith(lead):
-                return "", ""
-            elif not final and not lead:
-                return "", ""
-        if not started:
-            return "", text
+        lead = text.lstrip()
+        if not started and not lead.startswith(self.opening) and (final or not self.opening.startswith(lead)):
+            return "", text  # no reasoning, nor text that may still open it (_block holds that)
         thoughts: list[str] = []
         rest: list[str] = []
         at, inside = 0, True

@@ -34,7 +34,7 @@ def rows(cols: dict[str, list]) -> list[dict]:
 
 
 def build_monitor_router(history: History, resolve: Callable[[str | None], str],
-                         stopping: Callable[[], bool] = lambda: False) -> APIRouter:
+                         stopping: Callable[[], bool]) -> APIRouter:
     """`resolve`: a model name as a request gives it (None: the default) to the served model's
     name, or an HTTPException (the server's one name rule). `stopping`: the server is stopping, and
     live streams end (a watcher's stream has no end of its own: a stop would wait out its grace)."""
