@@ -10,19 +10,17 @@ gives llama-server the same file.
     python scripts/stall_free.py [--preset coder-1.5b] [--long 16384] [--rounds 2] [--modes decode_first,prompts_first]
                                  [--f32-target] [--flash-attn off|on] [--no-anchor | --anchor-rounds N] [--json]
 
-`--rounds` per mode, in ABBA order (A B, then B A, ...; llama-server after them): each starts its
-server alone (never two llama.cpp processes at once), measures, stops it.
-A round, on `/completion` with token ids, each long prompt new (its own words: no cache holds any
-of it): two short prompts read once; the long prompt alone (to its one token); then the completion
-alone (TTFT and total) and the answer alone, each a resent prompt, with the long prompt's cells still
-cached beside them, as they are beside the next one (with flash attention off a decode's attention
-spans every cell in use, another sequence's too: run before the long prompt, beside an empty cache,
-the answers alone took about a third of their time after it, on an AVX-512 EPYC, and every ratio
-came out against the prompt); then another long prompt, and once its
-first progress chunk shows it is being read, the completion and then the answer again (their TTFT
-and totals beside it; their text against alone's), and the long prompt's time beside.
-The answers are drafted from their own text only (`"speculative": {"cross_request": false}`): beside,
-the same prompt's answer alone would otherwise be drafted whole from the suffix index. What the
+`--rounds` per mode, in ABBA order (A B, then B A, ...; llama-server after them). A round is two
+halves, each on a server started alone (never two llama.cpp processes at once), so the pool holds the
+same cells in both: on `/completion` with token ids, two short prompts read once; alone, the
+completion (TTFT and total) and the answer, each a resent prompt, then the long prompt (to its one
+token); beside, on a new server, the same two short prompts read once, the same long prompt, and
+once its first progress chunk shows it is being read, the completion and then the answer again
+(their TTFT and totals beside it; their text against alone's), and the long prompt's time beside.
+(With flash attention off a decode's attention spans every cell in use, another sequence's too: with
+another long prompt's cells cached beside the answers in one half and not the other, what the pool
+held moved every ratio more than the scheduler did.)
+The answers are drafted from their own text only (`"speculative": {"cross_request": false}`). What the
 issue asks: completion total beside / alone <= 1.5 by default; the long prompt's time beside <= its
 time alone + the answers' time alone, +5 %. Medians with min-max over the rounds; loopback only;
 stops by itself.
@@ -95,28 +93,47 @@ def long_alone(url: str, prompt: list[int]) -> float:
     return time.perf_counter() - t
 
 
-def measure(url: str, seed: int, long_n: int) -> dict:
-    short_a, short_b = ids(url, SHORT, seed), ids(url, SHORT, seed + 1)
-    for p in (short_a, short_b):  # read once: alone and beside, each is then a prompt resent (cached alike)
+def alone(url: str, short: tuple[list[int], list[int]], long: list[int]) -> dict:
+    """The first half of a round: the answers alone, then the long prompt alone."""
+    for p in short:  # read once: alone and beside, each is then a prompt resent (cached alike)
         stream(url, p, 1)
-    # the long prompt alone first: its cells stay cached in their slot, and they are still there beside
-    # the next one (the pool holds both until room is needed), so the answers alone run with them too
-    alone_long = long_alone(url, ids(url, long_n, seed + 2))
-    completion = stream(url, short_a, 32)
-    answer = stream(url, short_b, 256)
-    lp = LongPrompt(url, ids(url, long_n, seed + 3))
+    completion, answer = stream(url, short[0], 32), stream(url, short[1], 256)
+    return {"completion_alone": completion, "answer_alone": answer, "long_alone_s": long_alone(url, long)}
+
+
+def beside(url: str, short: tuple[list[int], list[int]], long: list[int]) -> dict:
+    """The second half, on a new server: the same long prompt, and the answers once it is being read."""
+    for p in short:
+        stream(url, p, 1)
+    lp = LongPrompt(url, long)
     t0 = time.perf_counter()
     lp.evaluating.wait(3600)
     if lp.error or not lp.progress:
         raise SystemExit(f"{url}: the long prompt was refused or sent no progress: {lp.error}")
-    completion_b = stream(url, short_a, 32)
-    answer_b = stream(url, short_b, 256)
+    completion, answer = stream(url, short[0], 32), stream(url, short[1], 256)
     lp.thread.join(7200)
-    beside_long = time.perf_counter() - t0
+    took = time.perf_counter() - t0
     lp.close()
-    return {"completion_alone": completion, "completion_beside": completion_b, "answer_alone": answer,
-            "answer_beside": answer_b, "long_alone_s": alone_long, "long_beside_s": beside_long,
-            "same_text": {"completion": completion["text"] == completion_b["text"], "answer": answer["text"] == answer_b["text"]}}
+    return {"completion_beside": completion, "answer_beside": answer, "long_beside_s": took}
+
+
+def measure(command: list[str], seed: int, long_n: int) -> dict:
+    """One round: each half on its own server (see the module's docstring)."""
+    url, proc = start(command)
+    try:
+        short, long = (ids(url, SHORT, seed), ids(url, SHORT, seed + 1)), ids(url, long_n, seed + 2)
+        r = alone(url, short, long)
+    finally:
+        stop(proc)
+    url, proc = start(command)
+    try:
+        r |= beside(url, short, long)
+        if "llama-server" not in Path(command[0]).name:  # whether the answers' steps carried the prompt
+            r["mixed_batch"] = httpx.get(url + "/v1/status", timeout=30).json().get("mixed_batch")
+    finally:
+        stop(proc)
+    r["same_text"] = {k: r[f"{k}_alone"]["text"] == r[f"{k}_beside"]["text"] for k in ("completion", "answer")}
+    return r
 
 
 def spread(xs: list[float], fmt: str = "{:.2f}") -> str:
@@ -156,13 +173,7 @@ def main() -> int:
         order += ["llama_server_np4"] * (args.rounds if args.anchor_rounds is None else args.anchor_rounds)
     rounds: dict[str, list[dict]] = {name: [] for name in commands}
     for i, name in enumerate(order):
-        url, proc = start(commands[name])
-        try:
-            rounds[name].append(measure(url, 1000 * (i + 1), args.long))
-            if name in MODES:  # whether the answers' steps carried the prompt (the last try's verdict)
-                rounds[name][-1]["mixed_batch"] = httpx.get(url + "/v1/status", timeout=30).json().get("mixed_batch")
-        finally:
-            stop(proc)
+        rounds[name].append(measure(commands[name], 1000 * (i + 1), args.long))
         r = rounds[name][-1]
         print(f"round {i + 1} {name}: completion {r['completion_alone']['total_s']:.1f} s alone, "
               f"{r['completion_beside']['total_s']:.1f} s beside; answer {r['answer_alone']['total_s']:.1f} / "
