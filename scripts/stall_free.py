@@ -22,8 +22,9 @@ another long prompt's cells cached beside the answers in one half and not the ot
 held moved every ratio more than the scheduler did.)
 The answers are drafted from their own text only (`"speculative": {"cross_request": false}`). What the
 issue asks: completion total beside / alone <= 1.5 by default; the long prompt's time beside <= its
-time alone + the answers' time alone, +5 %. Medians with min-max over the rounds; loopback only;
-stops by itself.
+time alone + the answers' time alone, +5 %. Medians with min-max over the rounds (a round's halves run
+minutes apart, and a VM's speed moves between them: compare rounds, not one); loopback only; stops by
+itself.
 """
 
 from __future__ import annotations
