@@ -35,6 +35,8 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -94,18 +96,32 @@ def long_alone(url: str, prompt: list[int]) -> float:
     return time.perf_counter() - t
 
 
+@contextmanager
+def served(command: list[str]) -> Iterator[str]:
+    """A server started alone for one half of a round, stopped after it; yields its URL."""
+    url, proc = start(command)
+    try:
+        yield url
+    finally:
+        stop(proc)
+
+
+def read_once(url: str, short: tuple[list[int], list[int]]) -> None:
+    """The short prompts read once: alone and beside, each is then a prompt resent (cached alike)."""
+    for p in short:
+        stream(url, p, 1)
+
+
 def alone(url: str, short: tuple[list[int], list[int]], long: list[int]) -> dict:
     """The first half of a round: the answers alone, then the long prompt alone."""
-    for p in short:  # read once: alone and beside, each is then a prompt resent (cached alike)
-        stream(url, p, 1)
+    read_once(url, short)
     completion, answer = stream(url, short[0], 32), stream(url, short[1], 256)
     return {"completion_alone": completion, "answer_alone": answer, "long_alone_s": long_alone(url, long)}
 
 
 def beside(url: str, short: tuple[list[int], list[int]], long: list[int]) -> dict:
     """The second half, on a new server: the same long prompt, and the answers once it is being read."""
-    for p in short:
-        stream(url, p, 1)
+    read_once(url, short)
     lp = LongPrompt(url, long)
     t0 = time.perf_counter()
     lp.evaluating.wait(3600)
@@ -118,21 +134,15 @@ def beside(url: str, short: tuple[list[int], list[int]], long: list[int]) -> dic
     return {"completion_beside": completion, "answer_beside": answer, "long_beside_s": took}
 
 
-def measure(command: list[str], seed: int, long_n: int) -> dict:
+def measure(command: list[str], seed: int, long_n: int, specdeck: bool) -> dict:
     """One round: each half on its own server (see the module's docstring)."""
-    url, proc = start(command)
-    try:
+    with served(command) as url:
         short, long = (ids(url, SHORT, seed), ids(url, SHORT, seed + 1)), ids(url, long_n, seed + 2)
         r = alone(url, short, long)
-    finally:
-        stop(proc)
-    url, proc = start(command)
-    try:
+    with served(command) as url:
         r |= beside(url, short, long)
-        if "llama-server" not in Path(command[0]).name:  # whether the answers' steps carried the prompt
+        if specdeck:  # whether the answers' steps carried the prompt (the last try's verdict)
             r["mixed_batch"] = httpx.get(url + "/v1/status", timeout=30).json().get("mixed_batch")
-    finally:
-        stop(proc)
     r["same_text"] = {k: r[f"{k}_alone"]["text"] == r[f"{k}_beside"]["text"] for k in ("completion", "answer")}
     return r
 
@@ -174,7 +184,7 @@ def main() -> int:
         order += ["llama_server_np4"] * (args.rounds if args.anchor_rounds is None else args.anchor_rounds)
     rounds: dict[str, list[dict]] = {name: [] for name in commands}
     for i, name in enumerate(order):
-        rounds[name].append(measure(commands[name], 1000 * (i + 1), args.long))
+        rounds[name].append(measure(commands[name], 1000 * (i + 1), args.long, specdeck=name in MODES))
         r = rounds[name][-1]
         print(f"round {i + 1} {name}: completion {r['completion_alone']['total_s']:.1f} s alone, "
               f"{r['completion_beside']['total_s']:.1f} s beside; answer {r['answer_alone']['total_s']:.1f} / "

@@ -417,11 +417,11 @@ def test_mixed_auto_keeps_a_mixed_batch_only_where_it_costs_less_than_its_parts(
     sched = Scheduler.__new__(Scheduler)
     sched.tbt_budget, sched.step_time, sched.eval_rate, sched.on_prompt = 1.5, 0.04, 0.01, lambda n: None
     job = Client(Request(prompt=[1, 2]), LOOP, 0.0)
-    sched._measure_ride(job, 2, 0.04 + 2 * 0.01)  # costs added: a CPU with a Q4 target
+    sched._measure_ride(job, 2, 0.04 + 2 * 0.01, None)  # costs added: a CPU with a Q4 target
     assert sched.mix_pays is False
-    sched._measure_ride(job, 8, MIX_GAIN * (0.04 + 8 * 0.01) - 0.001)
+    sched._measure_ride(job, 8, MIX_GAIN * (0.04 + 8 * 0.01) - 0.001, None)
     assert sched.mix_pays is True
-    sched._measure_ride(job, 8, 0.045)  # 5 ms beyond the step for 8 tokens: the budget's 20 ms holds 32 (at most 2x a time)
+    sched._measure_ride(job, 8, 0.045, None)  # 5 ms beyond the step for 8 tokens: the budget's 20 ms holds 32 (at most 2x a time)
     assert sched.mix_pays is True and job.ride == 16
 
 
@@ -454,7 +454,7 @@ def test_a_ride_is_judged_against_its_own_step_not_the_average_of_other_answers_
     sched._measure_ride(job, 8, 0.2, alone=0.13)  # 0.07 s beyond its step for 8 tokens; the budget allows 0.065
     assert job.ride == 7
     job.ride = 0
-    sched._measure_ride(job, 8, 0.2)  # no cost model: the average, as before
+    sched._measure_ride(job, 8, 0.2, alone=None)  # no cost model: the average, as before
     assert job.ride == 16
 
 

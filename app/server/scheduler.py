@@ -444,7 +444,7 @@ class Scheduler:
             n = int((self.tbt_budget - 1) * (self.step_time or 0.0) / self.eval_rate)
         return max(1, min(n, room))
 
-    def _measure_ride(self, job: Job, n: int, took: float, alone: float | None = None) -> None:
+    def _measure_ride(self, job: Job, n: int, took: float, alone: float | None) -> None:
         """A mixed step's cost against its parts (the step alone, the tokens at the chunks' rate), and
         the next one's tokens: as many as keep the step within the budget at this step's cost per
         token beyond the step alone (moved at most 2x a time). `alone`: what this step would have cost
