@@ -63,7 +63,10 @@ def pair(fetcher: Fetcher, preset: str) -> tuple[Path, Path]:
     """The preset's target and draft files, as `specdeck pull` left them."""
     catalog = load_catalog()
     p = catalog.preset(preset)
-    return fetcher.existing(catalog.model(p.target)).path, fetcher.existing(catalog.model(p.draft)).path
+    files = [fetcher.existing(catalog.model(name)) for name in (p.target, p.draft)]
+    if None in files:
+        raise SystemExit(f"the preset's files are not here: run `specdeck pull {preset}` first")
+    return files[0].path, files[1].path
 
 
 def stream(url: str, prompt: list[int], n: int) -> dict:

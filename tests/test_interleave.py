@@ -470,3 +470,53 @@ def test_a_steps_cost_alone_is_its_drafting_and_its_verify_at_the_measured_costs
     assert eng.unmixed_cost([]) is None
     eng.costs = None
     assert eng.unmixed_cost(recs) is None
+
+
+def test_a_prompt_is_charged_what_its_cells_add_to_a_step_and_still_advances_at_the_floor():
+    """A step beside a prompt that costs more than its figure alone (with flash attention off its
+    attention spans the prompt's cells): the prompt's credit is the budget beyond the step's cost
+    alone, so step and chunks together stay within tbt_budget of the step alone; however dear the
+    step, PROMPT_FLOOR of its time."""
+    from app.server.scheduler import PROMPT_FLOOR
+
+    sched = Scheduler.__new__(Scheduler)
+    sched.tbt_budget, sched.step_time, sched.credit, sched.starting = 1.5, None, 0.0, {1: None}
+    sched._stepped(0.10)  # as alone: half the step
+    assert sched.credit == pytest.approx(0.05)
+    sched._stepped(0.12, excess=0.02)  # 0.10 alone: the step and its credit 0.15 together
+    assert sched.credit == pytest.approx(0.05 + 0.03)
+    sched._stepped(0.20, excess=0.10)  # twice its cost alone: the floor
+    assert sched.credit == pytest.approx(0.08 + PROMPT_FLOOR * 0.20)
+
+
+@dataclass
+class Told:
+    """A cost observer that keeps what the engine tells it (the engine's report is under test)."""
+
+    verifies: list = field(default_factory=list)
+
+    def observe_verify(self, n: int, seconds: float) -> None:
+        self.verifies.append(n)
+
+    def verify_cost(self, n: int) -> float:
+        return 0.001 * n
+
+
+def test_the_cost_model_learns_steps_alone_and_not_beside_a_prompt_being_read(tiny):
+    """A step's verify beside a prompt being read costs what the prompt's cells add: it is not taken as
+    the step's cost alone (the scheduler charges the excess to the prompt against that figure)."""
+    told = Told()
+    eng = Engine(Context(Model(tiny.target), params(4096), 2), None, 2, costs=told)
+    answer = eng.slots[0]
+    eng.start(answer, Request(prompt=prompt(12, 5), max_tokens=50, speculative=PLAIN))
+    eng.step([answer])
+    assert told.verifies == [1]
+    p = eng.begin(eng.slots[1], Request(prompt=prompt(300), max_tokens=4, speculative=PLAIN))
+    eng.advance(p, 64)
+    recs = eng.step([answer])
+    assert told.verifies == [1] and eng.reading()
+    assert eng.excess_cost(recs) == pytest.approx(max(0.0, recs[0].t_verify - 0.001))
+    while eng.advance(p, 64) is None:
+        pass
+    eng.step([answer, eng.slots[1]])
+    assert told.verifies == [1, 2] and not eng.reading()

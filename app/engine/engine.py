@@ -97,7 +97,7 @@ class Engine:
         # built with the same event stops catching up), so its thread leaves llama.cpp within a chunk
         self.halt = halt or threading.Event()
         self.drafter = drafter
-        self.costs = costs  # told the time of every verify decode (the controller's cost model learns from them)
+        self.costs = costs  # told the time of every verify decode alone (the controller's cost model learns from them)
         self.n_vocab = target.model.n_vocab
         self.slots = [Slot(i) for i in range(n_slots)]
         # the slots' prompt caches in the one KV pool (reuse, saved prompts, checkpoints, free cells)
@@ -306,12 +306,28 @@ class Engine:
         return ended + kept
 
     def unmixed_cost(self, records: Sequence[StepRecord]) -> float | None:
-        """What the step that gave `records` would have cost with no prompt's tokens in its batch: its
-        drafting as timed, and a verify of its tokens at the cost model's figure (learnt from unmixed
-        steps only). None without a cost model."""
+        """What the step that gave `records` would have cost alone, with no prompt's tokens in its batch
+        nor its cells beside it: its drafting as timed, and a verify of its tokens at the cost model's
+        figure. None without a cost model."""
         if self.costs is None or not records:
             return None
-        return sum(r.t_draft for r in records) + self.costs.verify_cost(sum(r.drafted + 1 for r in records))
+        return sum(r.t_draft for r in records) + self._verify_alone(records)
+
+    def excess_cost(self, records: Sequence[StepRecord]) -> float:
+        """What the (unmixed) step that gave `records` cost beyond its verify's figure alone: the part a
+        prompt being read beside it added (with flash attention off, the step's attention spans the
+        prompt's cells too). 0 without a cost model."""
+        if self.costs is None or not records:
+            return 0.0
+        return max(0.0, sum(r.t_verify for r in records) - self._verify_alone(records))
+
+    def _verify_alone(self, records: Sequence[StepRecord]) -> float:
+        """The cost model's figure for a verify of the records' tokens (learnt from steps alone)."""
+        return self.costs.verify_cost(sum(r.drafted + 1 for r in records))
+
+    def reading(self) -> bool:
+        """A prompt is being evaluated (its chunks go between the steps, or ride in them)."""
+        return any(s.prefill is not None for s in self.slots)
 
     def rider_room(self, slots: Sequence[Slot], p: Prefill) -> int:
         """How many of the prompt's next tokens may go in the next step's verify decode of `slots`:
@@ -372,7 +388,7 @@ class Engine:
                 last = batch.add(prompt[pos], pos, rider.slot.id, pos == rider.total - 1)
         self.target.decode(batch)
         t_verify = time.perf_counter() - t
-        if self.costs is not None and rider is None:  # costs follow real steps (n tokens, any slots), not mixed ones
+        if self.costs is not None and rider is None and not self.reading():  # costs are a step's alone (n tokens, any slots)
             self.costs.observe_verify(len(batch), t_verify)
         return rows, t_verify / max(1, len(slots)), last
 

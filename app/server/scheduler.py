@@ -14,14 +14,18 @@ Each loop, as llama-server's continuous batching does:
   next chunk runs whole (so it advances however often requests come) and short (RESUME_SLICE: a
   second request of a burst waits little for it). While answers stream, decode
   goes first (Sarathi-Serve's stall-free batching, done here between steps): the prompt with the
-  fewest tokens left gets the time the answers may lose, `tbt_budget - 1` times each step's time,
-  credited step by step; its chunk is sized to cost about CHUNK_STEPS steps from what its last chunk
+  fewest tokens left gets the time the answers may lose, credited step by step: `tbt_budget` times
+  the step's cost alone less what it took (a step beside a prompt costs more where its attention
+  spans the prompt's cells, as with flash attention off: the cost model learns from steps with no
+  prompt being read, and what a step takes beyond its figure is charged to the prompt), and
+  PROMPT_FLOOR of the step's time at least, so the prompt advances however dear it makes them; its chunk is sized to cost about CHUNK_STEPS steps from what its last chunk
   cost (each prompt its own: a short prompt at depth 0 is cheap per token, a long one at 16K is
   not), and runs once the steps have earned its cost (a chunk of a few tokens costs about a step on
   a CPU, where it reads every weight as a step does: chunks of several steps keep the prompt's
   evaluation efficient). A prompt whose rest fits one chunk goes at once. On average the answers'
-  time between tokens stays within `tbt_budget` of their time alone, and the prompt advances at
-  (tbt_budget - 1) / tbt_budget of the engine's time meanwhile.
+  time between tokens stays within `tbt_budget` of their time alone (where the prompt's cells leave
+  room for the floor), and the prompt advances at (tbt_budget - 1) / tbt_budget of the engine's
+  time meanwhile, PROMPT_FLOOR / (1 + PROMPT_FLOOR) at least.
   Where a step's verify decode costs little more with prompt tokens in it (a card, or a model whose
   decode is memory-bound: it reads every weight for a few tokens or a hundred), those tokens go in
   it instead (`mixed` "auto": one mixed step is tried, and kept while it costs under MIX_GAIN of a
@@ -67,6 +71,7 @@ SHUTTING_DOWN = "the server is shutting down; retry once it is back"
 PREFILL_SLICE = 0.5  # seconds of prompt evaluation per loop for a prompt sharing the engine with others
 TBT_BUDGET = 1.5  # while a prompt is read, answers' time between tokens may grow to this multiple of their time alone
 CHUNK_STEPS = 4  # a prompt's chunk beside answers costs about this many steps (the credit spreads it)
+PROMPT_FLOOR = 0.25  # beside answers a prompt gets this share of their steps' time at least (a fifth of the engine's), however dear its cells make them
 MIX_GAIN = 0.8  # a mixed batch is kept where it costs at most this share of its parts (the step, the tokens' chunk cost)
 PROBE_EVERY = 32  # beside answers, chunks between two tries of a mixed batch where the last one did not pay
 RESUME_SLICE = 0.125  # seconds: the chunk after one that gave way (it runs whole) costs about this, so a request that comes meanwhile waits little
@@ -544,7 +549,7 @@ class Scheduler:
             self._measure_ride(rider, rider.prefill.done - done, took, self.engine.unmixed_cost(records))
             self._ridden(rider)
         else:
-            self._stepped(took)
+            self._stepped(took, self.engine.excess_cost(records))
         by_slot = {r.slot: r for r in records}
         for j in jobs:
             self._deliver(j, by_slot[j.slot.id])
@@ -567,12 +572,14 @@ class Scheduler:
         if rider is not None:
             self._stop_prefill(rider, e)
 
-    def _stepped(self, took: float) -> None:
-        """A step's time: its moving average, and the prompts' credit (none kept past one chunk's worth
-        once no prompt waits, so a prompt that comes later does not get a burst)."""
+    def _stepped(self, took: float, excess: float = 0.0) -> None:
+        """A step's time: its moving average, and the prompts' credit: what the budget allows beyond the
+        step's cost alone (`took` less the `excess` a prompt's cells beside it added), PROMPT_FLOOR of
+        the step's time at least (none kept past one chunk's worth once no prompt waits, so a prompt
+        that comes later does not get a burst)."""
         self.step_time = took if self.step_time is None else 0.8 * self.step_time + 0.2 * took
         if self.tbt_budget > 0:
-            share = (self.tbt_budget - 1) * took
+            share = max(PROMPT_FLOOR * took, self.tbt_budget * (took - excess) - took)
             self.credit += share
             if not self.starting:
                 self.credit = min(self.credit, share)
