@@ -481,7 +481,7 @@ def test_a_prompt_is_charged_what_its_cells_add_to_a_step_and_still_advances_at_
 
     sched = Scheduler.__new__(Scheduler)
     sched.tbt_budget, sched.step_time, sched.credit, sched.starting = 1.5, None, 0.0, {1: None}
-    sched._stepped(0.10)  # as alone: half the step
+    sched._stepped(0.10, excess=0.0)  # as alone: half the step
     assert sched.credit == pytest.approx(0.05)
     sched._stepped(0.12, excess=0.02)  # 0.10 alone: the step and its credit 0.15 together
     assert sched.credit == pytest.approx(0.05 + 0.03)

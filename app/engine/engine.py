@@ -316,7 +316,8 @@ class Engine:
     def excess_cost(self, records: Sequence[StepRecord]) -> float:
         """What the (unmixed) step that gave `records` cost beyond its verify's figure alone: the part a
         prompt being read beside it added (with flash attention off, the step's attention spans the
-        prompt's cells too). 0 without a cost model."""
+        prompt's cells too). 0 without a cost model, and where it cost less (so a figure too high never
+        gives a prompt more of the answers' time than the step's own)."""
         if self.costs is None or not records:
             return 0.0
         return max(0.0, sum(r.t_verify for r in records) - self._verify_alone(records))

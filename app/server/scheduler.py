@@ -18,14 +18,15 @@ Each loop, as llama-server's continuous batching does:
   the step's cost alone less what it took (a step beside a prompt costs more where its attention
   spans the prompt's cells, as with flash attention off: the cost model learns from steps with no
   prompt being read, and what a step takes beyond its figure is charged to the prompt), and
-  PROMPT_FLOOR of the step's time at least, so the prompt advances however dear it makes them; its chunk is sized to cost about CHUNK_STEPS steps from what its last chunk
-  cost (each prompt its own: a short prompt at depth 0 is cheap per token, a long one at 16K is
-  not), and runs once the steps have earned its cost (a chunk of a few tokens costs about a step on
-  a CPU, where it reads every weight as a step does: chunks of several steps keep the prompt's
-  evaluation efficient). A prompt whose rest fits one chunk goes at once. On average the answers'
-  time between tokens stays within `tbt_budget` of their time alone (where the prompt's cells leave
-  room for the floor), and the prompt advances at (tbt_budget - 1) / tbt_budget of the engine's
-  time meanwhile, PROMPT_FLOOR / (1 + PROMPT_FLOOR) at least.
+  PROMPT_FLOOR of the step's time at least, so the prompt advances however dear it makes them. Its
+  chunk is sized to cost about CHUNK_STEPS steps from what its last chunk cost (each prompt its
+  own: a short prompt at depth 0 is cheap per token, a long one at 16K is not), and runs once the
+  steps have earned its cost (a chunk of a few tokens costs about a step on a CPU, where it reads
+  every weight as a step does: chunks of several steps keep the prompt's evaluation efficient). A
+  prompt whose rest fits one chunk goes at once. On average the answers' time between tokens stays
+  within `tbt_budget` of their time alone (where the prompt's cells leave room for the floor), and
+  the prompt advances at (tbt_budget - 1) / tbt_budget of the engine's time meanwhile,
+  PROMPT_FLOOR / (1 + PROMPT_FLOOR) at least.
   Where a step's verify decode costs little more with prompt tokens in it (a card, or a model whose
   decode is memory-bound: it reads every weight for a few tokens or a hundred), those tokens go in
   it instead (`mixed` "auto": one mixed step is tried, and kept while it costs under MIX_GAIN of a
@@ -572,7 +573,7 @@ class Scheduler:
         if rider is not None:
             self._stop_prefill(rider, e)
 
-    def _stepped(self, took: float, excess: float = 0.0) -> None:
+    def _stepped(self, took: float, excess: float) -> None:
         """A step's time: its moving average, and the prompts' credit: what the budget allows beyond the
         step's cost alone (`took` less the `excess` a prompt's cells beside it added), PROMPT_FLOOR of
         the step's time at least (none kept past one chunk's worth once no prompt waits, so a prompt
