@@ -8,15 +8,16 @@ target rewritten as F32 (whose decode is memory-bound, as a card's is) with the 
 gives llama-server the same file.
 
     python scripts/stall_free.py [--preset coder-1.5b] [--long 16384] [--rounds 2] [--modes decode_first,prompts_first]
-                                 [--f32-target] [--flash-attn off|on] [--no-anchor | --anchor-rounds N] [--json]
+                                 [--at TOKENS] [--f32-target] [--flash-attn off|on] [--no-anchor | --anchor-rounds N] [--json]
 
 `--rounds` per mode, in ABBA order (A B, then B A, ...; llama-server after them). A round is two
 halves, each on a server started alone (never two llama.cpp processes at once), so the pool holds the
 same cells in both: on `/completion` with token ids, two short prompts read once; alone, the
 completion (TTFT and total) and the answer, each a resent prompt, then the long prompt (to its one
 token); beside, on a new server, the same two short prompts read once, the same long prompt, and
-once its first progress chunk shows it is being read, the completion and then the answer again
-(their TTFT and totals beside it; their text against alone's), and the long prompt's time beside.
+once its first progress chunk shows it is being read (`--at`: once it shows that many of its tokens
+read), the completion and then the answer again (their TTFT and totals beside it; their text against
+alone's), and the long prompt's time beside.
 (With flash attention off a decode's attention spans every cell in use, another sequence's too: with
 another long prompt's cells cached beside the answers in one half and not the other, what the pool
 held moved every ratio more than the scheduler did.)
@@ -122,28 +123,37 @@ def alone(url: str, short: tuple[list[int], list[int]], long: list[int]) -> dict
     return {"completion_alone": completion, "answer_alone": answer, "long_alone_s": long_alone(url, long)}
 
 
-def beside(url: str, short: tuple[list[int], list[int]], long: list[int]) -> dict:
-    """The second half, on a new server: the same long prompt, and the answers once it is being read."""
+def read_to(lp: LongPrompt, at: int) -> int:
+    """Waits until the long prompt's progress shows `at` of its tokens read (or it ends); how many it shows."""
+    while lp.thread.is_alive() and lp.progress[-1]["processed"] < at:
+        time.sleep(0.1)
+    return lp.progress[-1]["processed"]
+
+
+def beside(url: str, short: tuple[list[int], list[int]], long: list[int], at: int) -> dict:
+    """The second half, on a new server: the same long prompt, and the answers once it is being read
+    (and `at` of its tokens are)."""
     read_once(url, short)
     lp = LongPrompt(url, long)
     t0 = time.perf_counter()
     lp.evaluating.wait(3600)
     if lp.error or not lp.progress:
         raise SystemExit(f"{url}: the long prompt was refused or sent no progress: {lp.error}")
+    read = read_to(lp, at)
     completion, answer = stream(url, short[0], 32), stream(url, short[1], 256)
     lp.thread.join(7200)
     took = time.perf_counter() - t0
     lp.close()
-    return {"completion_beside": completion, "answer_beside": answer, "long_beside_s": took}
+    return {"completion_beside": completion, "answer_beside": answer, "long_beside_s": took, "answers_at": read}
 
 
-def measure(command: list[str], seed: int, long_n: int, specdeck: bool) -> dict:
+def measure(command: list[str], seed: int, long_n: int, at: int, specdeck: bool) -> dict:
     """One round: each half on its own server (see the module's docstring)."""
     with served(command) as url:
         short, long = (ids(url, SHORT, seed), ids(url, SHORT, seed + 1)), ids(url, long_n, seed + 2)
         r = alone(url, short, long)
     with served(command) as url:
-        r |= beside(url, short, long)
+        r |= beside(url, short, long, at)
         if specdeck:  # whether the answers' steps carried the prompt (the last try's verdict)
             r["mixed_batch"] = httpx.get(url + "/v1/status", timeout=30).json().get("mixed_batch")
     r["same_text"] = {k: r[f"{k}_alone"]["text"] == r[f"{k}_beside"]["text"] for k in ("completion", "answer")}
@@ -158,6 +168,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--preset", default="coder-1.5b")
     ap.add_argument("--long", type=int, default=16384, help="tokens of the long prompt (default 16,384)")
+    ap.add_argument("--at", type=int, default=0, help="the answers start once this many of the long prompt's tokens "
+                    "are read (default 0: at its first progress)")
     ap.add_argument("--rounds", type=int, default=2, help="rounds of each mode, in ABBA order")
     ap.add_argument("--modes", default="decode_first,prompts_first", help=f"specdeck's modes, of {', '.join(MODES)}")
     ap.add_argument("--f32-target", action="store_true", help="the target as F32 (a card's cost ratio on a CPU)")
@@ -171,6 +183,8 @@ def main() -> int:
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     if not modes or any(m not in MODES for m in modes):
         raise SystemExit(f"--modes: a list of {', '.join(MODES)}")
+    if not 0 <= args.at < args.long:
+        raise SystemExit(f"--at: a number of tokens from 0 to under --long ({args.long})")
     ctx = args.long + 2048
     fetcher = Fetcher(paths(), hub_settings(), Console(stderr=True))
     target, draft = pair(fetcher, args.preset)
@@ -187,16 +201,18 @@ def main() -> int:
         order += ["llama_server_np4"] * (args.rounds if args.anchor_rounds is None else args.anchor_rounds)
     rounds: dict[str, list[dict]] = {name: [] for name in commands}
     for i, name in enumerate(order):
-        rounds[name].append(measure(commands[name], 1000 * (i + 1), args.long, specdeck=name in MODES))
+        rounds[name].append(measure(commands[name], 1000 * (i + 1), args.long, args.at, specdeck=name in MODES))
         r = rounds[name][-1]
         print(f"round {i + 1} {name}: completion {r['completion_alone']['total_s']:.1f} s alone, "
-              f"{r['completion_beside']['total_s']:.1f} s beside; answer {r['answer_alone']['total_s']:.1f} / "
+              f"{r['completion_beside']['total_s']:.1f} s beside (from {r['answers_at']:,} read); "
+              f"answer {r['answer_alone']['total_s']:.1f} / "
               f"{r['answer_beside']['total_s']:.1f} s; long {r['long_alone_s']:.0f} / {r['long_beside_s']:.0f} s",
               file=sys.stderr)
     if args.json:
-        print(json.dumps({"long_tokens": args.long, "rounds": rounds}, indent=2))
+        print(json.dumps({"long_tokens": args.long, "at": args.at, "rounds": rounds}, indent=2))
         return 0
-    print(f"long prompt {args.long:,} tokens, completion 32 tokens, answer 256 tokens ({SHORT}-token prompts), "
+    print(f"long prompt {args.long:,} tokens (the answers from {args.at:,} read), completion 32 tokens, "
+          f"answer 256 tokens ({SHORT}-token prompts), "
           f"seconds: median (min-max) over the rounds")
     for name, rs in rounds.items():
         c = [r["completion_beside"]["total_s"] / r["completion_alone"]["total_s"] for r in rs]
