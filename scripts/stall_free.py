@@ -21,11 +21,12 @@ alone's), and the long prompt's time beside.
 (With flash attention off a decode's attention spans every cell in use, another sequence's too: with
 another long prompt's cells cached beside the answers in one half and not the other, what the pool
 held moved every ratio more than the scheduler did.)
-The answers are drafted from their own text only (`"speculative": {"cross_request": false}`). What the
-issue asks: completion total beside / alone <= 1.5 by default; the long prompt's time beside <= its
-time alone + the answers' time alone, +5 %. Medians with min-max over the rounds (a round's halves run
-minutes apart, and a VM's speed moves between them: compare rounds, not one); loopback only; stops by
-itself.
+The answers are drafted from their own text only (`"speculative": {"cross_request": false}`); a text
+beside unlike alone's is a greedy near-tie that the verify batches' shape tipped (`specdeck verify` on
+the prompt names it). What the issue asks: completion total beside / alone <= 1.5 by default; the
+long prompt's time beside <= its time alone + the answers' time alone, +5 %. Medians with min-max over
+the rounds (a round's halves run minutes apart, and a VM's speed moves between them: compare rounds,
+not one); loopback only; stops by itself.
 """
 
 from __future__ import annotations
