@@ -206,15 +206,14 @@ def main() -> int:
         r = rounds[name][-1]
         print(f"round {i + 1} {name}: completion {r['completion_alone']['total_s']:.1f} s alone, "
               f"{r['completion_beside']['total_s']:.1f} s beside (from {r['answers_at']:,} read); "
-              f"answer {r['answer_alone']['total_s']:.1f} / "
-              f"{r['answer_beside']['total_s']:.1f} s; long {r['long_alone_s']:.0f} / {r['long_beside_s']:.0f} s",
+              f"answer {r['answer_alone']['total_s']:.1f} / {r['answer_beside']['total_s']:.1f} s; "
+              f"long {r['long_alone_s']:.0f} / {r['long_beside_s']:.0f} s",
               file=sys.stderr)
     if args.json:
         print(json.dumps({"long_tokens": args.long, "at": args.at, "rounds": rounds}, indent=2))
         return 0
     print(f"long prompt {args.long:,} tokens (the answers from {args.at:,} read), completion 32 tokens, "
-          f"answer 256 tokens ({SHORT}-token prompts), "
-          f"seconds: median (min-max) over the rounds")
+          f"answer 256 tokens ({SHORT}-token prompts), seconds: median (min-max) over the rounds")
     for name, rs in rounds.items():
         c = [r["completion_beside"]["total_s"] / r["completion_alone"]["total_s"] for r in rs]
         a = [r["answer_beside"]["total_s"] / r["answer_alone"]["total_s"] for r in rs]
